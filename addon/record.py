@@ -1,0 +1,371 @@
+"""The flow record: one msgpack map per model call (DESIGN §5). The only thing the gateway and the processor share.
+
+This module may import only the standard library and msgpack: the processor installs it on Python 3.11 without
+mitmproxy. A version bump only adds fields; the reader accepts every older `v` and tolerates unknown fields.
+
+Files: each writer creates its own files, `flows-<UTC %Y%m%dT%H%M%S.%fZ>-<hostname>-<pid>-<seq:04d>.msgpack.open`,
+renamed to `.msgpack` on rotation or clean shutdown. A record is one `write`; a failed or short write truncates the
+file back and the writer continues in a new file. Readers order files by name; a torn tail in a `.open` file means
+"in progress", in a closed file it is an error that is reported, never fatal.
+
+Run `python -m polar.addon.record FILE...` to print flow files.
+"""
+
+from __future__ import annotations
+
+import array
+import datetime as _dt
+import glob
+import os
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import msgpack
+
+VERSION = 1
+
+PROTOCOLS = ("anthropic_messages", "openai_chat", "openai_responses", "google_generate")
+ERROR_STAGES = (
+    "agent_input",
+    "backend_connect",
+    "backend_timeout",
+    "backend_status",
+    "backend_stream",
+    "client_abort",
+    "record",
+)
+
+# Every field a v1 record carries; readers fill missing ones with None.
+FIELDS = (
+    "v", "id", "session", "session_source", "conn_id", "protocol", "host", "path", "stream",
+    "t_start", "t_first_byte", "t_end", "request", "request_headers", "upstream_request",
+    "model_requested", "model_served", "prompt_token_ids", "completion_token_ids", "completion_logprobs",
+    "finish_reason", "stop_reason", "usage", "provider_status", "provider_stop_reason", "assistant",
+    "sampling", "backend", "weight_versions", "normalizations", "error",
+)
+
+# Headers whose values never reach disk or the backend.
+SECRET_HEADERS = frozenset({
+    "authorization", "x-api-key", "x-goog-api-key", "cookie", "set-cookie", "proxy-authorization",
+    "chatgpt-account-id",
+})
+REDACTED = "<redacted>"
+
+FILE_SUFFIX = ".msgpack"
+OPEN_SUFFIX = ".msgpack.open"
+
+
+class SchemaError(ValueError):
+    """A record this reader cannot understand (a newer schema version, or not a record at all)."""
+
+
+# ---------------------------------------------------------------------------------------------------- ids and arrays
+
+def uuid7() -> str:
+    """A UUIDv7 string: time-ordered, so record ids sort like their start times."""
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10), "big")
+    value = (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | (rand >> 68 & 0xFFF) << 64 | 0b10 << 62 | (rand & ((1 << 62) - 1))
+    return str(uuid.UUID(int=value))
+
+
+def pack_ids(ids: Iterable[int] | None) -> bytes | None:
+    """Token ids as int32 little-endian bytes; None stays None (the backend gave none), [] becomes b""."""
+    if ids is None:
+        return None
+    arr = array.array("i", ids)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def unpack_ids(blob: bytes | None) -> list[int] | None:
+    if blob is None:
+        return None
+    arr = array.array("i")
+    arr.frombytes(blob)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tolist()
+
+
+def pack_floats(values: Iterable[float] | None) -> bytes | None:
+    """Logprobs as float32 little-endian bytes."""
+    if values is None:
+        return None
+    arr = array.array("f", values)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tobytes()
+
+
+def unpack_floats(blob: bytes | None) -> list[float] | None:
+    if blob is None:
+        return None
+    arr = array.array("f")
+    arr.frombytes(blob)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr.tolist()
+
+
+def redact_headers(headers: Iterable[tuple[str, str]]) -> list[list[str]]:
+    """Header pairs with every secret value replaced by "<redacted>"."""
+    return [[k, REDACTED if k.lower() in SECRET_HEADERS else v] for k, v in headers]
+
+
+# ---------------------------------------------------------------------------------------------------- pack / unpack
+
+def pack(record: dict) -> bytes:
+    return msgpack.packb(record, use_bin_type=True)
+
+
+def normalize(record: dict) -> dict:
+    """Check the version and fill fields an older writer did not know. Unknown fields are kept as they are."""
+    if not isinstance(record, dict) or "v" not in record:
+        raise SchemaError("not a flow record (no 'v' field)")
+    v = record["v"]
+    if not isinstance(v, int) or v < 1:
+        raise SchemaError(f"invalid record version {v!r}")
+    if v > VERSION:
+        raise SchemaError(f"record version {v} is newer than this reader ({VERSION}); upgrade polar-gateway")
+    for name in FIELDS:
+        record.setdefault(name, None)
+    return record
+
+
+@dataclass(frozen=True)
+class TornTail:
+    """Bytes at the end of a file that do not form a whole record."""
+
+    file: str
+    offset: int
+    nbytes: int
+    in_progress: bool  # True in a `.open` file: a writer may still be appending
+
+    def describe(self) -> str:
+        state = "in progress" if self.in_progress else "ERROR: torn tail in a closed file"
+        return f"{self.file}: {self.nbytes} bytes at offset {self.offset} do not form a record ({state})"
+
+
+@dataclass
+class FileScan:
+    """What reading one flow file found."""
+
+    path: str
+    records: int = 0
+    torn_tail: TornTail | None = None
+    is_open: bool = False
+    errors: list[str] = field(default_factory=list)
+
+
+def iter_file(path: str, scan: FileScan | None = None, raw: bool = False) -> Iterator[tuple[int, dict]]:
+    """Yield (offset, record) for every whole record in `path`. A torn tail is reported in `scan`, never raised.
+
+    raw=True skips normalize() (for index passes that only read a few fields)."""
+    scan = scan if scan is not None else FileScan(path)
+    scan.is_open = path.endswith(".open")
+    with open(path, "rb") as fh:
+        data = fh.read()
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1 << 20))
+    unpacker.feed(data)
+    offset = 0
+    while True:
+        try:
+            obj = unpacker.unpack()
+        except msgpack.OutOfData:
+            break
+        except (msgpack.ExtraData, msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+            scan.errors.append(f"{path}: undecodable bytes at offset {offset}: {exc}")
+            scan.torn_tail = TornTail(path, offset, len(data) - offset, scan.is_open)
+            return
+        end = unpacker.tell()
+        scan.records += 1
+        yield offset, (obj if raw else normalize(obj))
+        offset = end
+    if offset < len(data):
+        scan.torn_tail = TornTail(path, offset, len(data) - offset, scan.is_open)
+
+
+def read_at(path: str, offset: int) -> dict:
+    """The one record that starts at `offset` in `path`."""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        unpacker = msgpack.Unpacker(fh, raw=False, strict_map_key=False, max_buffer_size=1 << 31)
+        return normalize(unpacker.unpack())
+
+
+def expand_inputs(inputs: Iterable[str]) -> list[str]:
+    """Flow files named by directories, globs or paths, ordered by file name (the writer's start time)."""
+    found: set[str] = set()
+    for item in inputs:
+        if os.path.isdir(item):
+            for name in os.listdir(item):
+                if name.endswith(FILE_SUFFIX) or name.endswith(OPEN_SUFFIX):
+                    found.add(os.path.join(item, name))
+        elif any(ch in item for ch in "*?["):
+            found.update(p for p in glob.glob(item, recursive=True) if os.path.isfile(p))
+        elif os.path.isfile(item):
+            found.add(item)
+        else:
+            raise FileNotFoundError(f"no such flow file or directory: {item}")
+    return sorted(found, key=lambda p: (os.path.basename(p), p))
+
+
+def token_ids(record: dict, name: str) -> list[int] | None:
+    """A token-id field as a list ("prompt_token_ids" or "completion_token_ids")."""
+    return unpack_ids(record.get(name))
+
+
+# ---------------------------------------------------------------------------------------------------- writer
+
+class LowDiskSpace(RuntimeError):
+    """Free space in the flow directory is below polar_min_free_mb: generation must not start."""
+
+
+class FlowWriter:
+    """Appends records to files this process created; one `os.write` per record.
+
+    Thread-safe. A short or failed write truncates the file back to its previous size, closes it and continues in a
+    new file, so a torn record can only exist while a write is in flight (a crash loses at most that record)."""
+
+    def __init__(self, directory: str, rotate_mb: float = 256, min_free_mb: float = 512, fsync: bool = False):
+        self.directory = directory
+        self.rotate_bytes = int(rotate_mb * 1024 * 1024)
+        self.min_free_bytes = int(min_free_mb * 1024 * 1024)
+        self.fsync = fsync
+        self._lock = threading.Lock()
+        self._fd: int | None = None
+        self._path: str | None = None
+        self._size = 0
+        self._seq = 0
+        self._host = socket.gethostname().replace("-", "_").replace("/", "_") or "host"
+        os.makedirs(directory, exist_ok=True)
+
+    @property
+    def current_path(self) -> str | None:
+        return self._path
+
+    def free_bytes(self) -> int:
+        st = os.statvfs(self.directory)
+        return st.f_bavail * st.f_frsize
+
+    def check_space(self) -> None:
+        """Raise LowDiskSpace when a new generation could not be recorded safely."""
+        if self.min_free_bytes > 0 and self.free_bytes() < self.min_free_bytes:
+            raise LowDiskSpace(
+                f"flow directory {self.directory} has less than {self.min_free_bytes // (1024 * 1024)} MB free"
+            )
+
+    def _open_new(self) -> None:
+        stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")
+        while True:
+            self._seq += 1
+            name = f"flows-{stamp}-{self._host}-{os.getpid()}-{self._seq:04d}{OPEN_SUFFIX}"
+            path = os.path.join(self.directory, name)
+            try:
+                self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+            except FileExistsError:
+                continue
+            self._path = path
+            self._size = 0
+            return
+
+    def _close_current(self) -> None:
+        if self._fd is None:
+            return
+        os.close(self._fd)
+        assert self._path is not None
+        os.replace(self._path, self._path[: -len(".open")])
+        self._fd = None
+        self._path = None
+        self._size = 0
+
+    def write(self, record: dict) -> str:
+        """Write one record; returns the file it landed in. Raises OSError when it could not be written whole."""
+        blob = pack(record)
+        with self._lock:
+            if self._fd is None:
+                self._open_new()
+            assert self._fd is not None and self._path is not None
+            start = self._size
+            path = self._path
+            try:
+                n = os.write(self._fd, blob)
+                if n != len(blob):
+                    raise OSError(f"short write: {n} of {len(blob)} bytes")
+                if self.fsync:
+                    os.fsync(self._fd)
+            except OSError:
+                # Leave no torn record behind in a file we keep: cut it back, close it, continue in a new file.
+                try:
+                    os.ftruncate(self._fd, start)
+                finally:
+                    self._close_current()
+                raise
+            self._size += n
+            if self._size >= self.rotate_bytes:
+                self._close_current()
+            return path
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_current()
+
+
+# ---------------------------------------------------------------------------------------------------- inspector
+
+def _summary(record: dict) -> dict:
+    out = {}
+    for key, value in record.items():
+        if key in ("prompt_token_ids", "completion_token_ids") and isinstance(value, bytes):
+            ids = unpack_ids(value)
+            out[key] = f"{len(ids)} ids: {ids[:8]}{'…' if len(ids) > 8 else ''}"
+        elif key == "completion_logprobs" and isinstance(value, bytes):
+            lps = unpack_floats(value)
+            out[key] = f"{len(lps)} logprobs: {[round(x, 3) for x in lps[:4]]}{'…' if len(lps) > 4 else ''}"
+        elif isinstance(value, bytes):
+            out[key] = f"<{len(value)} bytes> {value[:120].decode('utf-8', 'replace')}{'…' if len(value) > 120 else ''}"
+        else:
+            out[key] = value
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(prog="python -m polar.addon.record", description="Print flow records.")
+    parser.add_argument("paths", nargs="+", help="flow files, directories or globs")
+    parser.add_argument("--full", action="store_true", help="print whole bodies and token arrays")
+    args = parser.parse_args(argv)
+    status = 0
+    for path in expand_inputs(args.paths):
+        scan = FileScan(path)
+        print(f"# {path}")
+        try:
+            for offset, rec in iter_file(path, scan):
+                if args.full:
+                    rec = {k: (unpack_ids(v) if k.endswith("token_ids") and isinstance(v, bytes)
+                               else unpack_floats(v) if k == "completion_logprobs" and isinstance(v, bytes)
+                               else v.decode("utf-8", "replace") if isinstance(v, bytes) else v)
+                           for k, v in rec.items()}
+                    print(json.dumps({"offset": offset, **rec}, ensure_ascii=False, default=str))
+                else:
+                    print(json.dumps({"offset": offset, **_summary(rec)}, ensure_ascii=False, default=str, indent=1))
+        except SchemaError as exc:
+            print(f"error: {path}: {exc}", file=sys.stderr)
+            status = 2
+        if scan.torn_tail:
+            print(f"# {scan.torn_tail.describe()}", file=sys.stderr)
+        print(f"# {scan.records} records")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
