@@ -1,0 +1,104 @@
+"""The backend connection: one httpx client, the lazily resolved model and backend kind, and /tokenize."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+import orjson
+
+from .codecs.base import GatewayError
+from .upstream import BackendInfo
+
+log = logging.getLogger("polar.backend")
+
+
+class Backend:
+    def __init__(self, base_url: str, model: str | None, kind: str, api_key: str | None, connect_timeout: float):
+        self.base_url = base_url.rstrip("/")
+        self.root_url = self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+        self.model_option = model
+        self.kind_option = kind
+        self.headers = {"content-type": "application/json"}
+        if api_key:
+            self.headers["authorization"] = f"Bearer {api_key}"
+        # trust_env=False: the proxy's own HTTPS_PROXY / CA variables must not apply to the backend hop.
+        self.client = httpx.AsyncClient(
+            trust_env=False, headers=self.headers,
+            timeout=httpx.Timeout(connect=connect_timeout, read=None, write=60.0, pool=connect_timeout),
+            limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512),
+        )
+        self._info: BackendInfo | None = None
+        self._lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def forget(self) -> None:
+        """After a connection failure: resolve model and kind again on the next call (the backend may have changed)."""
+        self._info = None
+
+    async def info(self) -> BackendInfo:
+        if self._info is not None:
+            return self._info
+        async with self._lock:
+            if self._info is None:
+                self._info = await self._probe()
+        return self._info
+
+    async def _get_json(self, url: str) -> dict | None:
+        try:
+            resp = await self.client.get(url, timeout=httpx.Timeout(10.0, connect=self.client.timeout.connect))
+        except httpx.TimeoutException as exc:
+            raise GatewayError("unavailable", f"backend {url} timed out: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise GatewayError("unavailable", f"backend {url} unreachable: {exc!r}") from exc
+        if resp.status_code != 200:
+            return None
+        try:
+            return orjson.loads(resp.content)
+        except orjson.JSONDecodeError:
+            return None
+
+    async def _probe(self) -> BackendInfo:
+        models = await self._get_json(f"{self.base_url}/models")
+        entries = (models or {}).get("data") or []
+        model = self.model_option
+        entry = None
+        for item in entries:
+            if model is None or item.get("id") == model:
+                entry = item
+                break
+        if model is None:
+            if entry is None:
+                raise GatewayError("unavailable", f"backend {self.base_url}/models lists no model; set polar_model")
+            model = entry["id"]
+        max_len = (entry or {}).get("max_model_len")
+        kind = self.kind_option
+        if kind == "auto":
+            kind = "sglang" if (entry or {}).get("owned_by") == "sglang" else "vllm"
+        version_doc = await self._get_json(f"{self.root_url}/version")
+        version = (version_doc or {}).get("version")
+        info = BackendInfo(kind=kind, version=version, model=model, max_model_len=max_len)
+        log.info("polar backend: %s %s model=%s max_model_len=%s", kind, version, model, max_len)
+        return info
+
+    async def tokenize(self, chat: dict, model: str) -> int:
+        """Prompt length for a chat request, rendered by the backend's own template (vLLM /tokenize)."""
+        body = {"model": model, "messages": chat.get("messages") or [], "add_generation_prompt": True}
+        for key in ("tools", "chat_template_kwargs"):
+            if chat.get(key):
+                body[key] = chat[key]
+        try:
+            resp = await self.client.post(f"{self.root_url}/tokenize", content=orjson.dumps(body),
+                                          timeout=httpx.Timeout(60.0, connect=self.client.timeout.connect))
+        except httpx.HTTPError as exc:
+            self.forget()
+            raise GatewayError("unavailable", f"backend /tokenize unreachable: {exc!r}") from exc
+        if resp.status_code != 200:
+            from .upstream import classify_backend_error
+
+            raise classify_backend_error(resp.status_code, resp.content)
+        doc = orjson.loads(resp.content)
+        return int(doc.get("count", len(doc.get("tokens") or [])))

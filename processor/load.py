@@ -1,0 +1,188 @@
+"""Pass 1 (index) and pass 2 (load one session) over flow files (DESIGN §5, §6).
+
+The index pass walks every record's top-level map and keeps a few small fields (session, t_start, id, file,
+offset, length, plus the bits rule 5 needs as end-of-turn evidence); big values are skipped without being
+built. The load pass then reads one session's records back from memory-mapped files, so memory is bounded by
+the largest session (or the null-session group), not the dump.
+
+Files are ordered by name. A torn tail in a `.open` file is "in progress"; in a closed file it is an error that is
+reported, never fatal. A record with a newer schema version, or something that is not a record, is a clear error.
+Imports: the standard library, msgpack and `polar.addon.record` only.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import msgpack
+
+from polar.addon import record as rec
+
+# Fields the index keeps. Everything else is skipped by the unpacker without building objects.
+_INDEX_FIELDS = frozenset({"v", "id", "session", "t_start", "model_served", "finish_reason", "stop_reason",
+                           "completion_token_ids"})
+
+
+class InputError(ValueError):
+    """Input the processor cannot use (bad schema version, not a flow record): the CLI exits 2."""
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """One record's place in the dump and the few fields the index needs."""
+
+    session: str | None
+    t_start: float
+    id: str
+    file: int  # index into Index.files
+    offset: int
+    length: int
+    model_served: str | None
+    finish_reason: str | None
+    stop_reason: str | None
+    last_completion_id: int | None  # the completion's last token id, when it has one
+    has_completion: bool  # completion_token_ids is not nil
+
+
+@dataclass
+class Index:
+    """Every record of the dump, grouped by session (None = the null-session group)."""
+
+    files: list[str]
+    entries: list[IndexEntry] = field(default_factory=list)
+    scans: list[rec.FileScan] = field(default_factory=list)
+    total_bytes: int = 0
+
+    def sessions(self) -> dict[str | None, list[IndexEntry]]:
+        """Session → its entries in (t_start, id) order (rule 2)."""
+        groups: dict[str | None, list[IndexEntry]] = {}
+        for e in self.entries:
+            groups.setdefault(e.session, []).append(e)
+        for entries in groups.values():
+            entries.sort(key=lambda e: (e.t_start, e.id))
+        return groups
+
+    @property
+    def torn_tails(self) -> list[rec.TornTail]:
+        return [s.torn_tail for s in self.scans if s.torn_tail is not None]
+
+    @property
+    def open_files(self) -> list[str]:
+        return [s.path for s in self.scans if s.is_open]
+
+
+def _check_version(v: object, where: str) -> None:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise InputError(f"{where}: not a flow record (invalid or missing 'v': {v!r})")
+    if v > rec.VERSION:
+        raise InputError(f"{where}: record version {v} is newer than this reader ({rec.VERSION}); "
+                         "upgrade polar-gateway")
+
+
+def _float(x: object) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else float("nan")
+
+
+def scan_file(path: str, file_no: int, index: Index) -> None:
+    """Index one file: append its entries and its FileScan to `index`."""
+    scan = rec.FileScan(path, is_open=path.endswith(rec.OPEN_SUFFIX))
+    index.scans.append(scan)
+    size = os.path.getsize(path)
+    index.total_bytes += size
+    with open(path, "rb") as fh:
+        unpacker = msgpack.Unpacker(fh, raw=False, strict_map_key=False, read_size=1 << 20,
+                                    max_buffer_size=1 << 31)
+        start = 0
+        while start < size:
+            try:
+                n = unpacker.read_map_header()
+            except msgpack.OutOfData:
+                break
+            except (msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+                # Not a map at a record boundary: garbage from here on, reported as a torn tail.
+                scan.errors.append(f"{path}: undecodable bytes at offset {start}: {exc}")
+                break
+            got: dict = {}
+            try:
+                for _ in range(n):
+                    key = unpacker.unpack()
+                    if key in _INDEX_FIELDS:
+                        got[key] = unpacker.unpack()
+                    else:
+                        unpacker.skip()
+            except msgpack.OutOfData:
+                break
+            except (msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+                scan.errors.append(f"{path}: undecodable bytes at offset {start}: {exc}")
+                break
+            end = unpacker.tell()
+            _check_version(got.get("v"), f"{path} offset {start}")
+            comp = got.get("completion_token_ids")
+            last = int.from_bytes(comp[-4:], "little", signed=True) if isinstance(comp, bytes) and len(comp) >= 4 \
+                else None
+            session = got.get("session")
+            index.entries.append(IndexEntry(
+                session=session if isinstance(session, str) else None,
+                t_start=_float(got.get("t_start")),
+                id=str(got.get("id") or f"{os.path.basename(path)}@{start}"),
+                file=file_no, offset=start, length=end - start,
+                model_served=got.get("model_served"), finish_reason=got.get("finish_reason"),
+                stop_reason=got.get("stop_reason"), last_completion_id=last,
+                has_completion=isinstance(comp, bytes),
+            ))
+            scan.records += 1
+            start = end
+        if start < size:
+            scan.torn_tail = rec.TornTail(path, start, size - start, scan.is_open)
+
+
+def build_index(inputs: Iterable[str], progress: Callable[[int, int], None] | None = None) -> Index:
+    """Pass 1 over every flow file named by `inputs` (directories, globs, paths), ordered by file name."""
+    try:
+        files = rec.expand_inputs(inputs)
+    except FileNotFoundError as exc:
+        raise InputError(str(exc)) from exc
+    index = Index(files=files)
+    total = sum(os.path.getsize(p) for p in files)
+    for i, path in enumerate(files):
+        scan_file(path, i, index)
+        if progress is not None:
+            progress(index.total_bytes, total)
+    return index
+
+
+class RecordSource:
+    """Reads records back by (file, offset, length) from memory-mapped flow files (pass 2)."""
+
+    def __init__(self, files: list[str]):
+        self.files = files
+        self._maps: dict[int, mmap.mmap] = {}
+
+    def _map(self, file_no: int) -> mmap.mmap:
+        m = self._maps.get(file_no)
+        if m is None:
+            with open(self.files[file_no], "rb") as fh:
+                m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self._maps[file_no] = m
+        return m
+
+    def read(self, entry: IndexEntry) -> dict:
+        """The whole record of `entry`, checked and filled by record.normalize()."""
+        m = self._map(entry.file)
+        obj = msgpack.unpackb(m[entry.offset:entry.offset + entry.length], raw=False, strict_map_key=False)
+        try:
+            return rec.normalize(obj)
+        except rec.SchemaError as exc:
+            raise InputError(f"{self.files[entry.file]} offset {entry.offset}: {exc}") from exc
+
+    def load(self, entries: list[IndexEntry]) -> list[tuple[IndexEntry, dict]]:
+        """One session's records, in the entries' order."""
+        return [(e, self.read(e)) for e in entries]
+
+    def close(self) -> None:
+        for m in self._maps.values():
+            m.close()
+        self._maps.clear()

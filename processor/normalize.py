@@ -1,0 +1,138 @@
+"""Record → Call: the calls frame row plus the token arrays the merge needs (DESIGN §3 calls, §6 rule 1).
+
+Normalizes from each record's `upstream_request`, which is already OpenAI chat (what the model saw), so no
+protocol codec is needed. Token arrays are zero-copy numpy views on the record's int32/float32 LE bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+
+_I32 = np.dtype("<i4")
+_F32 = np.dtype("<f4")
+
+
+@dataclass(slots=True)
+class Call:
+    """One model call, as the processor sees it."""
+
+    id: str
+    session: str | None
+    t_start: float
+    model: str | None  # model_served
+    finish_reason: str | None
+    stop_reason: str | None
+    prompt: np.ndarray | None  # int32; None = the backend gave none
+    completion: np.ndarray | None
+    logprobs: np.ndarray | None  # float32, same length as completion, else None
+    prompt_bytes: bytes | None  # the raw prompt bytes: exact equality and prefix tests are memcmp on these
+    constrained: bool
+    row: dict  # the calls.parquet row (without sequence_id / chain_id)
+    messages_json: str | None
+    tools_json: str | None
+    assistant: dict | None
+    protocol: str | None
+
+    @property
+    def eligible(self) -> bool:
+        """Rule 1: only calls with non-null prompt and completion token ids enter sequences."""
+        return self.prompt is not None and self.completion is not None
+
+
+def ids_view(blob: bytes | None) -> np.ndarray | None:
+    if blob is None:
+        return None
+    if len(blob) % 4:
+        raise ValueError(f"token id field of {len(blob)} bytes is not a whole number of int32 values")
+    return np.frombuffer(blob, dtype=_I32)
+
+
+def floats_view(blob: bytes | None) -> np.ndarray | None:
+    if blob is None or len(blob) % 4:
+        return None
+    return np.frombuffer(blob, dtype=_F32)
+
+
+def _is_constrained(body: dict) -> bool:
+    """tool_choice required/named, or a JSON-schema response format (DESIGN §4)."""
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return True
+    fmt = body.get("response_format")
+    return isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object")
+
+
+def _int_or_none(x: object) -> int | None:
+    return int(x) if isinstance(x, int) and not isinstance(x, bool) else None
+
+
+def _str_or_none(x: object) -> str | None:
+    return x if isinstance(x, str) else None
+
+
+def _float_or_none(x: object) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def to_call(r: dict, source_file: str, source_offset: int) -> Call:
+    """Build a Call from one normalized record. Never raises on odd field values: they become nulls."""
+    body: dict = {}
+    raw = r.get("upstream_request")
+    if isinstance(raw, (bytes, str)) and raw:
+        try:
+            parsed = orjson.loads(raw)
+            body = parsed if isinstance(parsed, dict) else {}
+        except orjson.JSONDecodeError:
+            body = {}
+    messages = body.get("messages")
+    tools = body.get("tools")
+    messages_json = orjson.dumps(messages).decode() if messages is not None else None
+    tools_json = orjson.dumps(tools if tools is not None else []).decode() if body else None
+    assistant = r.get("assistant") if isinstance(r.get("assistant"), dict) else None
+    prompt_b = r.get("prompt_token_ids") if isinstance(r.get("prompt_token_ids"), bytes) else None
+    comp_b = r.get("completion_token_ids") if isinstance(r.get("completion_token_ids"), bytes) else None
+    prompt = ids_view(prompt_b)
+    completion = ids_view(comp_b)
+    logprobs = floats_view(r.get("completion_logprobs") if isinstance(r.get("completion_logprobs"), bytes) else None)
+    if logprobs is not None and (completion is None or len(logprobs) != len(completion)):
+        logprobs = None  # one logprob per generated token, or none at all
+    usage = r.get("usage") if isinstance(r.get("usage"), dict) else {}
+    tool_calls = assistant.get("tool_calls") if assistant else None
+    error = r.get("error")
+    row = {
+        "call_id": str(r.get("id")),
+        "session": _str_or_none(r.get("session")),
+        "session_source": _str_or_none(r.get("session_source")),
+        "conn_id": _str_or_none(r.get("conn_id")),
+        "protocol": _str_or_none(r.get("protocol")),
+        "host": _str_or_none(r.get("host")),
+        "path": _str_or_none(r.get("path")),
+        "model_requested": _str_or_none(r.get("model_requested")),
+        "model_served": _str_or_none(r.get("model_served")),
+        "stream": r.get("stream") if isinstance(r.get("stream"), bool) else None,
+        "t_start": _float_or_none(r.get("t_start")),
+        "t_first_byte": _float_or_none(r.get("t_first_byte")),
+        "t_end": _float_or_none(r.get("t_end")),
+        "prompt_tokens": len(prompt) if prompt is not None else _int_or_none(usage.get("prompt_tokens")),
+        "completion_tokens": len(completion) if completion is not None
+        else _int_or_none(usage.get("completion_tokens")),
+        "n_tool_calls": len(tool_calls) if isinstance(tool_calls, list) else (0 if assistant else None),
+        "finish_reason": _str_or_none(r.get("finish_reason")),
+        "stop_reason": None if r.get("stop_reason") is None else str(r.get("stop_reason")),
+        "error": orjson.dumps(error, default=str).decode() if error is not None else None,
+        "messages": messages_json,
+        "tools": tools_json,
+        "assistant": orjson.dumps(assistant, default=str).decode() if assistant is not None else None,
+        "source_file": source_file,
+        "source_offset": source_offset,
+    }
+    return Call(
+        id=row["call_id"], session=row["session"], t_start=row["t_start"] if row["t_start"] is not None else 0.0,
+        model=row["model_served"], finish_reason=row["finish_reason"], stop_reason=row["stop_reason"],
+        prompt=prompt, completion=completion, logprobs=logprobs, prompt_bytes=prompt_b,
+        constrained=_is_constrained(body), row=row, messages_json=messages_json, tools_json=tools_json,
+        assistant=assistant, protocol=row["protocol"],
+    )

@@ -1,0 +1,114 @@
+"""Rewards join, GRPO advantages (rule 10) and the side-chain policy (rule 9, `--side-chains`).
+
+Rewards are read before any session is loaded, so every session's advantage is known when its sequences are
+written (the group statistics need only the rewards file and the set of sessions in the index).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import orjson
+
+from polar.processor.merge import Sequence_
+
+
+class RewardsError(ValueError):
+    """A rewards file the processor cannot use (bad line, duplicate session): the CLI exits 2."""
+
+
+@dataclass
+class Rewards:
+    """Session → (reward, group), plus what the join saw."""
+
+    by_session: dict[str, tuple[float, str | None]] = field(default_factory=dict)
+    advantage: dict[str, float | None] = field(default_factory=dict)
+    unmatched_lines: int = 0  # lines naming a session that is not in the dump
+    missing: int = 0  # sessions in the dump without a reward line
+
+    @property
+    def joined(self) -> int:
+        return len(self.by_session)
+
+    def group_of(self, session: str | None) -> str | None:
+        hit = self.by_session.get(session) if session is not None else None
+        return hit[1] if hit else None
+
+
+def read_rewards(path: str | None, sessions: set[str]) -> Rewards:
+    """Parse JSONL `{"session": str, "reward": float, "group": str|null}` and join it to the dump's sessions.
+
+    Duplicate session lines are an error; lines for unknown sessions are counted, not used."""
+    out = Rewards()
+    if path is None:
+        out.missing = len(sessions)
+        return out
+    seen: set[str] = set()
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise RewardsError(f"--rewards {path}: {exc.strerror}") from exc
+    with fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = orjson.loads(line)
+            except orjson.JSONDecodeError as exc:
+                raise RewardsError(f"{path}:{n}: not JSON ({exc})") from exc
+            if not isinstance(obj, dict) or not isinstance(obj.get("session"), str):
+                raise RewardsError(f'{path}:{n}: expected {{"session": str, "reward": float, "group": str|null}}')
+            session, reward, group = obj["session"], obj.get("reward"), obj.get("group")
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                raise RewardsError(f"{path}:{n}: reward must be a finite number, got {reward!r}")
+            if group is not None and not isinstance(group, str):
+                raise RewardsError(f"{path}:{n}: group must be a string or null, got {group!r}")
+            if session in seen:
+                raise RewardsError(f"{path}:{n}: duplicate reward line for session {session!r}")
+            seen.add(session)
+            if session not in sessions:
+                out.unmatched_lines += 1
+                continue
+            out.by_session[session] = (float(reward), group)
+    out.missing = len(sessions - out.by_session.keys())
+    out.advantage = advantages(out.by_session)
+    return out
+
+
+def advantages(by_session: dict[str, tuple[float, str | None]]) -> dict[str, float | None]:
+    """Rule 10: per group g over its rewarded sessions, (r − mean_g) / σ_g with population σ (ddof 0); 0.0 when
+    σ_g = 0 or |g| = 1. A rewarded session without a group gets a null advantage."""
+    groups: dict[str, list[str]] = {}
+    out: dict[str, float | None] = {}
+    for session, (_, group) in by_session.items():
+        if group is None:
+            out[session] = None
+        else:
+            groups.setdefault(group, []).append(session)
+    for members in groups.values():
+        rs = [by_session[s][0] for s in members]
+        mean = math.fsum(rs) / len(rs)
+        sigma = math.sqrt(math.fsum((r - mean) ** 2 for r in rs) / len(rs))
+        for s, r in zip(members, rs):
+            out[s] = 0.0 if sigma == 0 or len(rs) == 1 else (r - mean) / sigma
+    return out
+
+
+def apply(seq: Sequence_, rewards: Rewards, side_chains: str) -> None:
+    """Set a sequence's group, reward and advantage. Sessions without reward: both null.
+
+    Side chains (rule 9): include = the session's values; zero = reward 0.0 and advantage 0.0 (null where the
+    session's is null); exclude = both null (and the sequence is left out of batches/)."""
+    hit = rewards.by_session.get(seq.session) if seq.session is not None else None
+    seq.group = hit[1] if hit else None
+    if hit is None:
+        seq.reward = seq.advantage = None
+        return
+    if seq.side_chain and side_chains == "exclude":
+        seq.reward = seq.advantage = None
+    elif seq.side_chain and side_chains == "zero":
+        seq.reward = 0.0
+        seq.advantage = None if rewards.advantage.get(seq.session) is None else 0.0
+    else:
+        seq.reward, seq.advantage = hit[0], rewards.advantage.get(seq.session)
