@@ -336,7 +336,9 @@ class _Call:
                 first = False
                 self._make_encoder(info)
                 if stream:
-                    await self.responder.start(200, [("content-type", codec.STREAM_CONTENT_TYPE),
+                    content_type = (codec.stream_content_type(self.route) if hasattr(codec, "stream_content_type")
+                                    else codec.STREAM_CONTENT_TYPE)
+                    await self.responder.start(200, [("content-type", content_type),
                                                      ("cache-control", "no-cache")])
                     self.record["t_first_byte"] = time.time()
                     for piece in self.encoder.start():
@@ -357,6 +359,7 @@ class _Call:
             self.record["normalizations"].append("backend_gave_no_token_ids")
         if stream:
             pieces = self.encoder.finish(completion)
+            self.record["normalizations"].extend(getattr(self.encoder, "notes", ()))
             self.record["provider_status"] = 200
             self._write_record()
             for piece in pieces:
@@ -364,6 +367,7 @@ class _Call:
             await self.responder.end()
             return 200
         body = orjson.dumps(self.encoder.response(completion))
+        self.record["normalizations"].extend(getattr(self.encoder, "notes", ()))
         self.record["provider_status"] = 200
         self.record["t_first_byte"] = time.time()
         self._write_record()

@@ -39,6 +39,7 @@ class PolarGateway:
         self.writer: FlowWriter | None = None
         self.backend: Backend | None = None
         self.settings: CallSettings | None = None
+        self._loopback_forced = False
 
     # ------------------------------------------------------------------------------------------------ options
 
@@ -65,6 +66,30 @@ class PolarGateway:
         loader.add_option("polar_sampling_override", Optional[str], None,
                           "Sampling applied to every generation, e.g. temperature=1.6,top_p=1.0.")
         loader.add_option("polar_exact", bool, False, "Exact on-policy mode (not available yet).")
+        self._bind_loopback()
+
+    def _bind_loopback(self) -> None:
+        # Loopback unless the user chose an address.
+        opts = ctx.options
+        if "listen_host" in opts and opts.listen_host == "":
+            opts.listen_host = "127.0.0.1"
+            self._loopback_forced = True
+
+    def _rebind_loopback(self) -> None:
+        # mitmdump loads -s scripts concurrently with starting its servers, and a listen_host change alone does not
+        # restart them: pin each mode without its own address to 127.0.0.1, which restarts it there.
+        from mitmproxy.proxy import mode_specs
+
+        modes, changed = [], False
+        for text in ctx.options.mode:
+            spec = mode_specs.ProxyMode.parse(text)
+            port = spec.listen_port(ctx.options.listen_port)
+            if spec.custom_listen_host is None and port is not None:
+                text = f"{spec.type_name}{':' + spec.data if spec.data else ''}@127.0.0.1:{port}"
+                changed = True
+            modes.append(text)
+        if changed:
+            ctx.options.mode = modes
 
     def configure(self, updated: set[str]) -> None:
         opts = ctx.options
@@ -73,8 +98,8 @@ class PolarGateway:
             opts.connection_strategy = "lazy"
         if "http2" in opts and opts.http2:
             opts.http2 = False
-        if "listen_host" in updated and opts.listen_host == "":
-            opts.listen_host = "127.0.0.1"
+        if "listen_host" in updated:
+            self._bind_loopback()
         if "polar_hosts" in updated:
             parsed = hostlist.parse_hosts(opts.polar_hosts)
             if not parsed:
@@ -116,6 +141,8 @@ class PolarGateway:
                 asyncio.get_event_loop().create_task(old.close())
 
     async def running(self) -> None:
+        if self._loopback_forced:
+            self._rebind_loopback()
         port = await self.endpoint.start()
         log.info("polar gateway endpoint on 127.0.0.1:%d, upstream %s, flows %s", port,
                  ctx.options.polar_upstream, os.path.abspath(ctx.options.polar_flows))

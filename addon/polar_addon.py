@@ -40,12 +40,14 @@ class FailClosed:
 
     def load(self, loader):
         loader.add_option("polar_hosts", Sequence[str], list(_hosts.DEFAULT_HOSTS), "Provider hosts to decrypt.")
-        logging.error("polar gateway failed to load; failing closed (provider requests get 503): %s", self.reason)
+        # warning, not error: mitmdump exits on errors logged at startup, and a running fail-closed proxy is what
+        # protects agents already pointed at it (e.g. after a script reload with a broken package).
+        logging.warning("polar gateway failed to load; failing closed (provider requests get 503): %s", self.reason)
 
     def configure(self, updated):
         if "polar_hosts" in updated:
             self.hosts = _hosts.parse_hosts(ctx.options.polar_hosts)
-        if "connection_strategy" in ctx.options.keys():
+        if "connection_strategy" in ctx.options.keys() and ctx.options.connection_strategy != "lazy":
             ctx.options.connection_strategy = "lazy"
 
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
@@ -55,6 +57,10 @@ class FailClosed:
             data.ignore_connection = True
 
     def request(self, flow: http.HTTPFlow) -> None:
+        if flow.request.pretty_host == "polar.gateway" and flow.request.scheme == "http":
+            body = {"ready": False, "error": "polar gateway failed to load; failing closed", "reason": self.reason}
+            flow.response = http.Response.make(503, json.dumps(body), {"content-type": "application/json"})
+            return
         if _hosts.is_provider(self.hosts, flow.request.pretty_host, flow.request.port) or flow.request.scheme == "https":
             body = {"error": {"type": "overloaded_error" if "anthropic" in flow.request.pretty_host else "unavailable",
                               "message": "polar gateway failed to load; see the proxy log", "code": 503}}

@@ -2,7 +2,7 @@
 
 The index pass walks every record's top-level map and keeps a few small fields (session, t_start, id, file,
 offset, length, plus the bits rule 5 needs as end-of-turn evidence); big values are skipped without being
-built. The load pass then reads one session's records back from memory-mapped files, so memory is bounded by
+built. The load pass then reads one session's records back with positioned reads, so memory is bounded by
 the largest session (or the null-session group), not the dump.
 
 Files are ordered by name. A torn tail in a `.open` file is "in progress"; in a closed file it is an error that is
@@ -12,7 +12,6 @@ Imports: the standard library, msgpack and `polar.addon.record` only.
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -155,27 +154,28 @@ def build_index(inputs: Iterable[str], progress: Callable[[int, int], None] | No
 
 
 class RecordSource:
-    """Reads records back by (file, offset, length) from memory-mapped flow files (pass 2)."""
+    """Reads records back by (file, offset, length) with positioned reads (pass 2).
+
+    pread, not mmap: the bytes of one session are all that is resident, and mapped pages of a large dump never
+    count against the process."""
 
     def __init__(self, files: list[str]):
         self.files = files
-        self._maps: dict[int, mmap.mmap] = {}
+        self._fds: dict[int, int] = {}
 
-    def _map(self, file_no: int) -> mmap.mmap:
-        m = self._maps.get(file_no)
-        if m is None:
-            with open(self.files[file_no], "rb") as fh:
-                m = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-            self._maps[file_no] = m
-        return m
+    def _fd(self, file_no: int) -> int:
+        fd = self._fds.get(file_no)
+        if fd is None:
+            fd = self._fds[file_no] = os.open(self.files[file_no], os.O_RDONLY)
+        return fd
 
     def read(self, entry: IndexEntry) -> dict:
         """The whole record of `entry`, checked and filled by record.normalize()."""
-        m = self._map(entry.file)
-        obj = msgpack.unpackb(m[entry.offset:entry.offset + entry.length], raw=False, strict_map_key=False)
+        blob = os.pread(self._fd(entry.file), entry.length, entry.offset)
         try:
+            obj = msgpack.unpackb(blob, raw=False, strict_map_key=False)
             return rec.normalize(obj)
-        except rec.SchemaError as exc:
+        except (rec.SchemaError, ValueError, msgpack.UnpackException) as exc:
             raise InputError(f"{self.files[entry.file]} offset {entry.offset}: {exc}") from exc
 
     def load(self, entries: list[IndexEntry]) -> list[tuple[IndexEntry, dict]]:
@@ -183,6 +183,6 @@ class RecordSource:
         return [(e, self.read(e)) for e in entries]
 
     def close(self) -> None:
-        for m in self._maps.values():
-            m.close()
-        self._maps.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

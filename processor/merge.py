@@ -260,6 +260,33 @@ class _Builder:
         )
 
 
+class InvariantError(AssertionError):
+    """An output sequence broke an invariant: a bug in this module, never bad input."""
+
+
+def check_sequence(seq: Sequence_, calls: dict[str, Call]) -> None:
+    """The invariants every output sequence keeps (issue 5 item 3): equal lengths; the first call's prompt is the
+    prefix at mask 0; the mask-1 tokens are exactly the calls' completion ids in order, with their logprobs; 0.0
+    logprobs where the mask is 0."""
+    n = len(seq.input_ids)
+    if len(seq.loss_mask) != n or (seq.logprobs is not None and len(seq.logprobs) != n):
+        raise InvariantError(f"{seq.sequence_id}: column lengths differ")
+    first = calls[seq.call_ids[0]].prompt
+    if seq.prompt_len != len(first) or not np.array_equal(seq.input_ids[:len(first)], first) \
+            or seq.loss_mask[:len(first)].any():
+        raise InvariantError(f"{seq.sequence_id}: the first prompt is not the prefix at mask 0")
+    sel = seq.loss_mask.astype(bool)
+    comps = [calls[c].completion for c in seq.call_ids]
+    if not np.array_equal(seq.input_ids[sel], np.concatenate(comps)):
+        raise InvariantError(f"{seq.sequence_id}: mask-1 tokens are not the calls' completions in order")
+    if seq.logprobs is not None:
+        if seq.logprobs[~sel].any():
+            raise InvariantError(f"{seq.sequence_id}: nonzero logprob at mask 0")
+        lps = [calls[c].logprobs for c in seq.call_ids if len(calls[c].completion)]
+        if lps and not np.array_equal(seq.logprobs[sel], np.concatenate(lps)):
+            raise InvariantError(f"{seq.sequence_id}: logprobs are not the calls' sampled logprobs")
+
+
 def _ends_with(arr: np.ndarray, eot: frozenset[int]) -> bool:
     return len(arr) > 0 and int(arr[-1]) in eot
 
@@ -410,8 +437,10 @@ def merge_group(calls: list[Call], *, mode: str, eot_for: Callable[[str | None],
         res.flag_notes.append(Note(session, chain_ids[c], elig[i].id, "superseded", len(elig[i].prompt)))
         out.append((b, c))
 
+    by_id = {c.id: c for c in elig}
     for b, c in out:
         seq = b.finish(session)
+        check_sequence(seq, by_id)
         if root(c) not in main_roots:
             seq.side_chain = True
             seq.flags = [f for f in FLAGS if f in {*seq.flags, "side_chain"}]

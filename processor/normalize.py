@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from polar.processor.load import InputError
+
 _I32 = np.dtype("<i4")
 _F32 = np.dtype("<f4")
 
@@ -94,8 +96,11 @@ def to_call(r: dict, source_file: str, source_offset: int) -> Call:
     assistant = r.get("assistant") if isinstance(r.get("assistant"), dict) else None
     prompt_b = r.get("prompt_token_ids") if isinstance(r.get("prompt_token_ids"), bytes) else None
     comp_b = r.get("completion_token_ids") if isinstance(r.get("completion_token_ids"), bytes) else None
-    prompt = ids_view(prompt_b)
-    completion = ids_view(comp_b)
+    try:
+        prompt = ids_view(prompt_b)
+        completion = ids_view(comp_b)
+    except ValueError as exc:
+        raise InputError(f"{source_file} offset {source_offset}: {exc}") from exc
     logprobs = floats_view(r.get("completion_logprobs") if isinstance(r.get("completion_logprobs"), bytes) else None)
     if logprobs is not None and (completion is None or len(logprobs) != len(completion)):
         logprobs = None  # one logprob per generated token, or none at all

@@ -34,7 +34,7 @@ CALLS_SCHEMA: dict[str, pl.DataType] = {
     "chain_id": pl.Utf8, "source_file": pl.Utf8, "source_offset": pl.Int64,
 }
 
-_PART_BYTES = 256 << 20  # flush a part when its buffered payload passes this
+_PART_BYTES = 64 << 20  # flush a part when its buffered payload passes this
 
 
 class OutputError(ValueError):
@@ -100,8 +100,8 @@ class PartedParquet:
 
     def _flush_part(self) -> None:
         path = os.path.join(self.tmp_dir, f".{self.name}.part{len(self.parts):05d}.parquet")
-        # Parts are read once more at the end: skip compression here, the final file gets it.
-        self.to_frame(self.buffer).write_parquet(path, compression="uncompressed")
+        # Compressed even though they are read once more: writing uncompressed text is disk-bound and slower.
+        self.to_frame(self.buffer).write_parquet(path)
         self.parts.append(path)
         self.buffer, self.buffered = [], 0
 
@@ -194,6 +194,7 @@ class OutDir:
             raise OutputError(f"-o {out}: exists and is not a directory")
         if os.path.isdir(out) and os.listdir(out) and not overwrite:
             raise OutputError(f"-o {out}: directory is not empty (pass --overwrite to replace its outputs)")
+        self.created = not os.path.exists(out)
         os.makedirs(out, exist_ok=True)
         self.tmp = os.path.join(out, f".polar-tmp-{os.getpid()}")
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -215,4 +216,10 @@ class OutDir:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def abort(self) -> None:
+        """Leave OUT as it was: drop the temporary directory, and OUT itself when this run created it."""
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if self.created:
+            try:
+                os.rmdir(self.out)
+            except OSError:
+                pass

@@ -1,6 +1,10 @@
 """Shared fixtures. Integration fixtures start real processes lazily, once per test session:
 `upstream` — the scripted upstream (vLLM's wire format, real tokenizer and template), reset for every test;
-`gateway` — the real proxy (mitmdump + our addon, real TLS) in front of it; `.records()` gives this test's records."""
+`gateway` — the real proxy (mitmdump + our addon, real TLS) in front of it; `.records()` gives this test's records;
+`proxy_env` — the gateway with HTTPS_PROXY + SSL_CERT_FILE set (session "test-session"), so the official SDKs
+(which use httpx2 and reject an httpx.Client) reach provider hosts through the proxy exactly like an agent does:
+`anthropic.Anthropic(api_key="sk-test")`, `openai.OpenAI(api_key="sk-test")`, `genai.Client(api_key="k")`.
+Another session: `gateway.apply_env(monkeypatch, "s2")`."""
 
 from __future__ import annotations
 
@@ -57,3 +61,10 @@ def _gateway_server(_upstream_server, tmp_path_factory) -> GatewayHandle:
 def gateway(_gateway_server, upstream) -> GatewayHandle:
     _gateway_server.mark()
     return _gateway_server
+
+
+@pytest.fixture
+def proxy_env(gateway, monkeypatch) -> GatewayHandle:
+    """The gateway, with HTTPS_PROXY (session "test-session") and SSL_CERT_FILE set for SDK clients."""
+    gateway.apply_env(monkeypatch)
+    return gateway

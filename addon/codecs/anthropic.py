@@ -273,7 +273,10 @@ def _assistant_message(content, where: str, notes: _Notes) -> dict:
             thinking = block.get("thinking")
             if not isinstance(thinking, str):
                 raise _fail(f"{at}.thinking", "Input should be a valid string")
-            reasoning.append(thinking)
+            if thinking:
+                reasoning.append(thinking)
+            else:  # `display: omitted` echoes a signature without the text: nothing left to restore
+                notes.add("reasoning_dropped")
         elif kind == "redacted_thinking":
             notes.add("redacted_thinking_dropped")
             notes.add("reasoning_dropped")

@@ -17,6 +17,8 @@ A codec module exposes, in this order:
                                                     a failure before response headers, in the provider's shape
     count_tokens_response(n: int, route) -> dict    answer to the protocol's token-count endpoint
     STREAM_CONTENT_TYPE / JSON_CONTENT_TYPE
+    stream_content_type(route) -> str               optional: when the stream's content type depends on the route
+    Encoder.notes: list[str]                        optional: normalizations found while encoding (recorded)
 
 The gateway owns everything between: upstream shaping, the backend call, timeouts, records.
 """

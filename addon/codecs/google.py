@@ -158,6 +158,40 @@ def to_json_schema(schema, notes: set[str]):
     return out
 
 
+# ---------------------------------------------------------------------------------------------------- proto JSON
+
+# Values that are the agent's own data, never Google field names: copied verbatim.
+_VERBATIM = {"args", "response", "parametersJsonSchema", "responseJsonSchema", "labels", "default", "example",
+             "enum", "required", "propertyOrdering", "allowedFunctionNames", "stopSequences"}
+
+
+def _camel(key: str) -> str:
+    if "_" not in key or key.startswith("_") or key != key.lower():
+        return key
+    head, *rest = key.split("_")
+    return head + "".join(w[:1].upper() + w[1:] for w in rest)
+
+
+def proto_json(obj):
+    """Google parses request JSON as proto3 JSON, which accepts snake_case field names as well as lowerCamelCase
+    (google-genai for Python sends e.g. `thinkingConfig: {"include_thoughts": true}` and `max_length` in schemas).
+    Field names become lowerCamelCase; property names in `properties` and free-form values stay as sent."""
+    if isinstance(obj, list):
+        return [proto_json(v) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    out = {}
+    for key, value in obj.items():
+        key = _camel(key)
+        if key in _VERBATIM:
+            out[key] = value
+        elif key == "properties" and isinstance(value, dict):
+            out[key] = {name: proto_json(schema) for name, schema in value.items()}
+        else:
+            out[key] = proto_json(value)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------------- to_chat
 
 def _dumps(obj) -> str:
@@ -247,6 +281,9 @@ class _History:
             else:
                 self._unknown(p)
         self.messages.extend(tools)
+        if content and self.open_calls:
+            # Responses may be split over consecutive turns, but nothing else may come between a call and its answer.
+            raise AgentInputError(f"contents[{turn}]: functionCall {self.open_calls[0][1]!r} has no functionResponse")
         if content:
             if all(c["type"] == "text" for c in content):
                 text = "".join(c["text"] for c in content) if len(content) == 1 else None
@@ -342,7 +379,11 @@ class _History:
                             "function": {"name": c["function"]["name"], "arguments": arguments}})
             msg["tool_calls"] = out
             self.open_calls = [(c["id"], c["function"]["name"]) for c in out]
-        if msg["content"] is None and "tool_calls" not in msg and "reasoning_content" not in msg:
+        if calls and payload is None:
+            # We sign every function-call turn we answer: no signature means the client dropped it (or the history
+            # came from elsewhere), so neither the reasoning nor the exact argument text could be restored.
+            self.note("reasoning_dropped")
+        if msg["content"] is None and "tool_calls" not in msg:
             msg["content"] = ""
         self.messages.append(msg)
 
@@ -425,6 +466,7 @@ def to_chat(body: dict, route: Route) -> ChatPlan:
     """A GenerateContentRequest (or a countTokens body) → OpenAI chat. Raises AgentInputError (→ 400)."""
     if not isinstance(body, dict):
         raise AgentInputError("request body must be a JSON object")
+    body = proto_json(body)
     if route.kind == "count_tokens" and isinstance(body.get("generateContentRequest"), dict):
         body = body["generateContentRequest"]
     if body.get("cachedContent"):
@@ -433,7 +475,7 @@ def to_chat(body: dict, route: Route) -> ChatPlan:
     schema_notes: set[str] = set()
     messages: list[dict] = []
 
-    system = body.get("systemInstruction", body.get("system_instruction"))
+    system = body.get("systemInstruction")
     if system is not None:
         text = _text_of(system, "systemInstruction")
         messages.append({"role": "system", "content": text})
@@ -456,6 +498,8 @@ def to_chat(body: dict, route: Route) -> ChatPlan:
             history.user_turn(c["parts"], turn)
         else:
             raise AgentInputError(f"contents[{turn}].role must be 'user' or 'model', not {role!r}")
+    if history.open_calls and route.kind != "count_tokens":
+        raise AgentInputError(f"functionCall {history.open_calls[0][1]!r} has no functionResponse")
     messages.extend(history.messages)
 
     chat: dict = {"messages": messages}

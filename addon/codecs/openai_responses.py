@@ -641,7 +641,7 @@ def provider_stop_reason(c: Completion) -> str:
 
 def _usage(c: Completion) -> dict:
     # The backend does not split reasoning from answer tokens, so reasoning_tokens is 0, not a guess.
-    return {"input_tokens": c.prompt_tokens, "input_tokens_details": {"cached_tokens": 0},
+    return {"input_tokens": c.prompt_tokens, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": c.completion_tokens, "output_tokens_details": {"reasoning_tokens": 0},
             "total_tokens": c.prompt_tokens + c.completion_tokens}
 
@@ -742,15 +742,16 @@ class _CustomInput:
 
     def final(self) -> str:
         """The whole input: the decoded JSON value when the arguments are `{"input": string}`, else what was
-        streamed (a cut-off string), else the raw arguments as the model wrote them."""
+        streamed (a cut-off or broken string), else the raw arguments as the model wrote them."""
         try:
             value = orjson.loads(self.raw)
         except orjson.JSONDecodeError:
             value = None
         if isinstance(value, dict) and isinstance(value.get("input"), str):
             return value["input"]
-        if self.sent:
-            return self.sent
+        if self.pos is not None:
+            # Cut off (length) or broken mid-string: what was streamed, plus any undecodable rest verbatim.
+            return self.sent + (self.raw[self.pos:] if self.off else "")
         return self.raw
 
 

@@ -32,6 +32,20 @@ class GatewayHandle:
             return f"http://127.0.0.1:{self.port}"
         return f"http://{session}:x@127.0.0.1:{self.port}"
 
+    def env(self, session: str | None = "test-session") -> dict[str, str]:
+        """What an agent gets: HTTPS_PROXY with the session as user name, a system-plus-ours CA bundle."""
+        proxy = self.proxy_url(session)
+        return {"HTTPS_PROXY": proxy, "https_proxy": proxy, "SSL_CERT_FILE": self.ca_bundle,
+                "REQUESTS_CA_BUNDLE": self.ca_bundle, "NODE_EXTRA_CA_CERTS": self.ca_pem,
+                "CODEX_CA_CERTIFICATE": self.ca_pem}
+
+    def apply_env(self, monkeypatch, session: str | None = "test-session") -> None:
+        """Point SDKs in this process at the proxy the way an agent is (HTTPS_PROXY + SSL_CERT_FILE)."""
+        for var in ("NO_PROXY", "no_proxy", "SSL_CERT_DIR", "ALL_PROXY", "all_proxy"):
+            monkeypatch.delenv(var, raising=False)
+        for key, value in self.env(session).items():
+            monkeypatch.setenv(key, value)
+
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=self.ca_pem)
 
@@ -66,13 +80,14 @@ class GatewayHandle:
                        check=False, capture_output=True)
 
 
-def start_gateway(upstream: str, run_dir: str, flows: str, sets: list[str] | None = None) -> GatewayHandle:
+def start_gateway(upstream: str, run_dir: str, flows: str, sets: list[str] | None = None,
+                  extra_args: list[str] | None = None, env: dict | None = None) -> GatewayHandle:
     os.makedirs(run_dir, exist_ok=True)
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "proxy"), "start", "--upstream", upstream,
-           "--flows", flows, "--run-dir", run_dir, "--session", "unused"]
+           "--flows", flows, "--run-dir", run_dir, "--session", "unused", *(extra_args or [])]
     for item in sets or []:
         cmd += ["--set", item]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"scripts/proxy start failed ({proc.returncode}):\n{proc.stderr}")
     with open(os.path.join(run_dir, "proxy.json")) as fh:

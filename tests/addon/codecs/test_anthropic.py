@@ -11,7 +11,7 @@ import json
 import os
 
 import anthropic
-import httpx
+import httpx2  # the anthropic SDK (2.x) runs on httpx2 and rejects httpx objects
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -52,7 +52,7 @@ def plan_of(**kw):
 def sdk(handler) -> anthropic.Anthropic:
     """The official client, answering from `handler` without sockets."""
     return anthropic.Anthropic(api_key="k", max_retries=0,
-                               http_client=httpx.Client(transport=httpx.MockTransport(handler)))
+                               http_client=httpx2.Client(transport=httpx2.MockTransport(handler)))
 
 
 def encoder(plan=None, prompt_tokens: int | None = 7) -> codec.Encoder:
@@ -70,7 +70,7 @@ def stream_bytes(enc: codec.Encoder, deltas, completion: Completion) -> bytes:
 
 
 def sse_reply(payload: bytes):
-    return lambda request: httpx.Response(200, content=payload, headers={"content-type": codec.STREAM_CONTENT_TYPE})
+    return lambda request: httpx2.Response(200, content=payload, headers={"content-type": codec.STREAM_CONTENT_TYPE})
 
 
 def parse_events(payload: bytes) -> list[tuple[str, dict]]:
@@ -210,6 +210,12 @@ def test_2_6_thinking_round_trip_and_redacted_thinking_noted():
         {"role": "user", "content": "q2"}])
     assert p.chat["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": "hmm"}
     assert {"redacted_thinking_dropped", "reasoning_dropped"} <= set(p.normalizations)
+    omitted = plan_of(messages=[{"role": "user", "content": "q"},
+                                {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": "s"},
+                                                                  {"type": "text", "text": "a"}]},
+                                {"role": "user", "content": "q2"}])
+    assert omitted.chat["messages"][1] == {"role": "assistant", "content": "a"}
+    assert "reasoning_dropped" in omitted.normalizations
 
 
 def test_2_7_tools_custom_kept_server_tools_dropped_and_empty_list_fine():
@@ -472,7 +478,7 @@ def test_4_1_response_is_a_valid_message_for_the_sdk():
     c = Completion("hello", "think", (ToolCall("toolu_1", "Bash", '{"command": "ls"}'),), "tool_calls", None, 11, 5)
     data = encoder().response(c)
     anthropic.types.Message.model_validate(data)
-    client = sdk(lambda r: httpx.Response(200, json=data))
+    client = sdk(lambda r: httpx2.Response(200, json=data))
     m = client.messages.create(model="claude-test", max_tokens=9, messages=[{"role": "user", "content": "x"}])
     assert [b.type for b in m.content] == ["thinking", "text", "tool_use"]
     assert m.content[2].input == {"command": "ls"} and m.stop_reason == "tool_use"
@@ -501,7 +507,7 @@ def test_5_1_error_response_table_through_the_sdk(kind, status, etype, exc):
     assert got_status == status and data["type"] == "error" and data["error"]["type"] == etype
     if kind == "context_overflow":
         assert data["error"]["message"] == "prompt is too long: boom"
-    client = sdk(lambda r: httpx.Response(status, content=raw, headers={"content-type": codec.JSON_CONTENT_TYPE}))
+    client = sdk(lambda r: httpx2.Response(status, content=raw, headers={"content-type": codec.JSON_CONTENT_TYPE}))
     with pytest.raises(exc) as info:
         client.messages.create(model="m", max_tokens=1, messages=[{"role": "user", "content": "x"}])
     assert info.value.status_code == status and info.value.body["error"]["type"] == etype
@@ -529,10 +535,10 @@ def test_5_3_mid_stream_error_event_raises_in_the_sdk():
 def test_6_1_count_tokens_through_the_sdk():
     seen = {}
 
-    def handler(request: httpx.Request):
+    def handler(request: httpx2.Request):
         r = codec.route(request.method, request.url.host, request.url.raw_path.decode(), request.headers)
         seen["plan"] = codec.to_chat(json.loads(request.content), r)
-        return httpx.Response(200, json=codec.count_tokens_response(17, r))
+        return httpx2.Response(200, json=codec.count_tokens_response(17, r))
 
     n = sdk(handler).messages.count_tokens(model="m", messages=[{"role": "user", "content": "hello"}],
                                            system="s")
@@ -542,11 +548,14 @@ def test_6_1_count_tokens_through_the_sdk():
 
 def test_6_2_two_turn_tool_use_round_trips_reasoning_and_calls():
     captured: list = []
-    replies: list[bytes] = []
+    replies: list = []  # SSE bytes for a streaming call, a Message dict for a JSON one
 
-    def handler(request: httpx.Request):
+    def handler(request: httpx2.Request):
         captured.append(json.loads(request.content))
-        return httpx.Response(200, content=replies.pop(0), headers={"content-type": codec.STREAM_CONTENT_TYPE})
+        reply = replies.pop(0)
+        if isinstance(reply, dict):
+            return httpx2.Response(200, json=reply)
+        return httpx2.Response(200, content=reply, headers={"content-type": codec.STREAM_CONTENT_TYPE})
 
     client = sdk(handler)
     tools = [{"name": "Bash", "description": "run", "input_schema": {"type": "object",
@@ -565,11 +574,13 @@ def test_6_2_two_turn_tool_use_round_trips_reasoning_and_calls():
     tool_use = first.content[-1]
     history += [{"role": "assistant", "content": first.content},
                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use.id, "content": "hi"}]}]
-    replies.append(stream_bytes(encoder(), [Delta(text="Done.")], Completion("Done.", "", (), "stop", None, 40, 2)))
+    replies.append(encoder().response(Completion("Done.", "", (), "stop", None, 40, 2)))
     second = client.messages.create(model="m", max_tokens=99, tools=tools, messages=history)
     assert second.content[0].text == "Done."
 
+    assert codec.to_chat(captured[0], GEN).stream is True
     plan = codec.to_chat(captured[1], GEN)
+    assert plan.stream is False
     assert plan.chat["messages"][1:] == [
         {"role": "assistant", "content": "Running.", "reasoning_content": "I should run it.",
          "tool_calls": [{"id": "chatcmpl-tool-1", "type": "function",

@@ -188,14 +188,23 @@ def test_3_4_function_calls_and_responses_match_by_id_then_by_name():
     assert msgs[3] == {"role": "tool", "tool_call_id": "c-1", "content": '{"output": "x"}'}
     # Derived ids are a function of position only: the same history gives the same ids every turn.
     assert chat(b).chat["messages"] == msgs
+    # We sign every function-call turn we answer; an unsigned one lost its reasoning and exact arguments.
+    assert chat(b).normalizations == ("reasoning_dropped",)
 
 
 def test_3_5_unanswered_or_orphan_function_parts_are_400s():
     call = {"role": "model", "parts": [{"functionCall": {"name": "ls", "args": {}}}]}
     with pytest.raises(AgentInputError, match="answers no functionCall"):
         chat(body(user("x"), {"role": "user", "parts": [{"functionResponse": {"name": "ls", "response": {}}}]}))
-    with pytest.raises(AgentInputError, match="has no functionResponse"):
-        chat(body(user("x"), call, call))
+    for history in ([user("x"), call, call], [user("x"), call, user("y")], [user("x"), call]):
+        with pytest.raises(AgentInputError, match="has no functionResponse"):
+            chat(body(*history))
+    # Answers split over consecutive turns are fine (each becomes a tool message in order).
+    two = {"role": "model", "parts": [{"functionCall": {"name": "a", "args": {}}},
+                                      {"functionCall": {"name": "b", "args": {}}}]}
+    answers = [{"role": "user", "parts": [{"functionResponse": {"name": n, "response": {}}}]} for n in "ab"]
+    assert [m["role"] for m in chat(body(user("x"), two, *answers)).chat["messages"]] == [
+        "user", "assistant", "tool", "tool"]
 
 
 def test_3_6_text_after_tool_results_follows_them_noted():
@@ -207,8 +216,8 @@ def test_3_6_text_after_tool_results_follows_them_noted():
 
 
 def test_3_7_thought_parts_become_reasoning_content():
-    b = body(user("x"), {"role": "model", "parts": [{"text": "hmm ", "thought": True}, {"text": "think", "thought": True},
-                                                    {"text": "answer"}]}, user("y"))
+    thoughts = [{"text": "hmm ", "thought": True}, {"text": "think", "thought": True}]
+    b = body(user("x"), {"role": "model", "parts": [*thoughts, {"text": "answer"}]}, user("y"))
     assert chat(b).chat["messages"][1] == {"role": "assistant", "content": "answer", "reasoning_content": "hmm think"}
 
 
@@ -216,7 +225,8 @@ def test_3_8_our_signature_restores_reasoning_and_exact_argument_text():
     raw = '{"command":"ls  -la", "n": 1.50}'  # not what json.dumps would write
     sig = codec.encode_signature("I should list.", [raw])
     b = body(user("x"), {"role": "model", "parts": [
-        {"functionCall": {"id": "c", "name": "sh", "args": {"command": "ls  -la", "n": 1.5}}, "thoughtSignature": sig}]},
+        {"functionCall": {"id": "c", "name": "sh", "args": {"command": "ls  -la", "n": 1.5}},
+         "thoughtSignature": sig}]},
         {"role": "user", "parts": [{"functionResponse": {"id": "c", "name": "sh", "response": {"o": 1}}}]})
     p = chat(b)
     a = p.chat["messages"][1]
@@ -243,7 +253,8 @@ def test_3_10_placeholder_and_foreign_signatures_are_ignored_and_noted():
         {"role": "user", "parts": [{"functionResponse": {"name": "f", "response": {}}}]})
     p = chat(b)
     assert "reasoning_content" not in p.chat["messages"][1]
-    assert {"thought_signature_placeholder_ignored", "foreign_thought_signature_ignored"} <= set(p.normalizations)
+    assert {"thought_signature_placeholder_ignored", "foreign_thought_signature_ignored",
+            "reasoning_dropped"} <= set(p.normalizations)
 
 
 def test_3_11_raw_invalid_arguments_we_sent_come_back_as_text():
@@ -283,6 +294,30 @@ def test_3_14_count_tokens_accepts_a_wrapped_generate_request():
     p = chat({"generateContentRequest": {"model": "models/gemini-x", **inner}}, COUNT)
     assert [m["role"] for m in p.chat["messages"]] == ["system", "user"]
     assert codec.count_tokens_response(42, COUNT) == {"totalTokens": 42}
+
+
+def test_3_15_snake_case_field_names_are_accepted_like_googles_proto_json_parser():
+    # google-genai for Python sends snake_case inside thinkingConfig and schemas; property names stay as sent.
+    b = {"contents": [{"role": "user", "parts": [{"text": "x"}]}],
+         "system_instruction": {"parts": [{"text": "S"}]},
+         "tools": [{"function_declarations": [{"name": "f", "parameters": {
+             "type": "OBJECT", "properties": {"my_arg": {"type": "STRING", "max_length": "3"}}}}]}],
+         "tool_config": {"function_calling_config": {"mode": "ANY", "allowed_function_names": ["f"]}},
+         "generation_config": {"max_output_tokens": 5, "stop_sequences": ["z"],
+                               "thinking_config": {"include_thoughts": True, "thinking_budget": 0}}}
+    p = chat(b)
+    assert p.chat["messages"][0] == {"role": "system", "content": "S"}
+    assert p.chat["tools"][0]["function"]["parameters"]["properties"] == {
+        "my_arg": {"type": "string", "maxLength": 3}}
+    assert p.chat["tool_choice"] == {"type": "function", "function": {"name": "f"}}
+    assert (p.chat["max_tokens"], p.chat["stop"]) == (5, ["z"])
+    assert p.extra == {"thinking": False, "include_thoughts": True}
+    args = {"snake_key": {"inner_key": 1}}
+    b = body(user("x"), {"role": "model", "parts": [{"function_call": {"name": "f", "args": args}}]},
+             {"role": "user", "parts": [{"function_response": {"name": "f", "response": {"out_put": 1}}}]})
+    msgs = chat(b).chat["messages"]
+    assert json.loads(msgs[1]["tool_calls"][0]["function"]["arguments"]) == args
+    assert msgs[2]["content"] == '{"out_put": 1}'
 
 
 # -- 4. schemas, tools, generation config -------------------------------------------------------------------------
@@ -415,6 +450,8 @@ def test_5_1_every_captured_google_body_translates(path):
             json.loads(call["function"]["arguments"])
     # The CLI's placeholder on echoed calls is noted, never taken for reasoning.
     assert not any("reasoning_content" in m for m in msgs)
+    if any("tool_calls" in m for m in msgs):
+        assert {"thought_signature_placeholder_ignored", "reasoning_dropped"} <= set(p.normalizations)
 
 
 # -- 6. streaming encoder (SSE) -----------------------------------------------------------------------------------
@@ -613,7 +650,8 @@ def test_9_1_two_turn_tool_use_restores_reasoning_ids_and_exact_arguments():
         plans.append(plan)
         comp = turns[len(plans) - 1]
         enc = codec.Encoder(EncodeContext(plan, r, f"resp-{len(plans)}", model=r.model, prompt_tokens=11))
-        return httpx.Response(200, content=b"".join(enc.delta(Delta(reasoning=comp.reasoning)) + enc.finish(comp)))
+        events = enc.delta(Delta(reasoning=comp.reasoning, text=comp.content)) + enc.finish(comp)
+        return httpx.Response(200, content=b"".join(events))
 
     client = sdk_client(handler)
     tools = [types.Tool(function_declarations=[types.FunctionDeclaration(
@@ -637,7 +675,7 @@ def test_9_1_two_turn_tool_use_restores_reasoning_ids_and_exact_arguments():
         {"id": "chatcmpl-tool-7", "type": "function", "function": {"name": "run_shell_command",
                                                                     "arguments": raw_args}}]}
     assert msgs[2] == {"role": "tool", "tool_call_id": "chatcmpl-tool-7", "content": '{"output": "hi"}'}
-    assert plans[1].normalizations == ()
+    assert plans[1].normalizations == ("schema_types_lowercased",)  # nothing about signatures or reasoning
 
 
 # -- 10. errors ---------------------------------------------------------------------------------------------------

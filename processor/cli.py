@@ -1,0 +1,74 @@
+"""`polar-process FLOWS... -o OUT` (DESIGN §3). Exit codes: 0 ok, 2 bad input."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from polar.processor import pipeline
+from polar.processor.eot import EotError
+from polar.processor.load import InputError
+from polar.processor.merge import MissingEot
+from polar.processor.report import summary
+from polar.processor.rewards import RewardsError
+from polar.processor.writers import OutputError
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="polar-process",
+        description="Rebuild token-faithful training sequences from Polar gateway flow files.")
+    p.add_argument("flows", nargs="+", metavar="FLOWS", help="flow files, directories or globs")
+    p.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory (absent or empty)")
+    p.add_argument("--mode", choices=("prefix_merging", "per_request"), default="prefix_merging")
+    p.add_argument("--eot-token-id", type=int, action="append", default=[], metavar="N",
+                   help="end-of-turn token id (repeatable); default: --tokenizer, else the dump's evidence")
+    p.add_argument("--tokenizer", action="append", default=[], metavar="[MODEL=]DIR",
+                   help="model directory whose config files name the EOS ids (repeatable, optionally per model)")
+    p.add_argument("--rewards", metavar="FILE", help='JSONL {"session": str, "reward": float, "group": str|null}')
+    p.add_argument("--max-batch-tokens", type=_positive_int, default=65536, metavar="N")
+    p.add_argument("--sft-min-reward", type=float, metavar="X", help="sft.jsonl keeps sessions with reward ≥ X")
+    p.add_argument("--side-chains", choices=("include", "zero", "exclude"), default="include")
+    p.add_argument("--on-mismatch", choices=("merge", "split"), default="merge")
+    p.add_argument("--overwrite", action="store_true", help="replace outputs in a non-empty OUT")
+    p.add_argument("--incremental", action="store_true", help="(not yet available)")
+    p.add_argument("--engine", choices=("local", "ray"), default="local")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                   help="progress bar on stderr (default: when stderr is a terminal)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    err = lambda msg: print(f"polar-process: error: {msg}", file=sys.stderr) or 2  # noqa: E731
+    if args.engine == "ray":
+        return err("--engine ray is not yet available in this version; use --engine local")
+    if args.incremental:
+        return err("--incremental is not yet available in this version; process into an empty OUT or --overwrite")
+    opts = pipeline.Options(
+        inputs=tuple(args.flows), out=args.out, mode=args.mode, eot_token_ids=tuple(args.eot_token_id),
+        tokenizers=tuple(args.tokenizer), rewards=args.rewards, max_batch_tokens=args.max_batch_tokens,
+        sft_min_reward=args.sft_min_reward, side_chains=args.side_chains, on_mismatch=args.on_mismatch,
+        overwrite=args.overwrite)
+    show = sys.stderr.isatty() if args.progress is None else args.progress
+    try:
+        report = pipeline.process(opts, pipeline.Progress(show and not args.quiet))
+    except MissingEot as exc:
+        return err(f"no end-of-turn ids for model {exc.args[0]!r}; pass --eot-token-id N or --tokenizer [MODEL=]DIR")
+    except (InputError, EotError, RewardsError, OutputError) as exc:
+        return err(str(exc))
+    if not args.quiet:
+        print(summary(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""Scenarios for `polar-process` end to end: outputs, options, exit codes (DESIGN §3)."""
+
+import json
+import os
+
+import polars as pl
+import pytest
+
+from polar.processor.cli import main
+from polar.processor.writers import CALLS_SCHEMA, SEQUENCES_SCHEMA
+from tests.processor.synth import EOT, session_records, write_flows
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def dump(tmp_path):
+    recs = session_records("s1", ["turn", "turn", "side", "retry", "trunc", "turn", "drift", "turn", "compact",
+                                  "turn", "error", "nolp"], seed=1)
+    recs += session_records("s2", ["turn", "turn", "turn"], seed=2)
+    recs += session_records("s3", ["turn"], seed=3)
+    recs += session_records(None, ["turn", "side", "turn"], seed=4)
+    write_flows(str(tmp_path / "flows"), recs, per_file=6)
+    (tmp_path / "r.jsonl").write_text("\n".join(json.dumps(x) for x in [
+        {"session": "s1", "reward": 1.0, "group": "g"}, {"session": "s2", "reward": 0.0, "group": "g"},
+        {"session": "ghost", "reward": 0.5, "group": "g"}]))
+    return tmp_path, recs
+
+
+def run(tmp_path, *extra):
+    return main([str(tmp_path / "flows"), "-o", str(tmp_path / "out"), "-q", *extra])
+
+
+def test_1_1_writes_every_output_with_the_contract_schemas(dump):
+    tmp, recs = dump
+    assert run(tmp, "--rewards", str(tmp / "r.jsonl")) == 0
+    out = tmp / "out"
+    assert sorted(os.listdir(out)) == ["batches", "calls.parquet", "report.html", "report.json", "sequences.parquet",
+                                       "sft.jsonl"]
+    seqs, calls = pl.read_parquet(out / "sequences.parquet"), pl.read_parquet(out / "calls.parquet")
+    assert dict(seqs.schema) == SEQUENCES_SCHEMA and dict(calls.schema) == CALLS_SCHEMA
+    assert calls.height == len(recs) and calls["sequence_id"].null_count() == 1  # the failed call
+    assert json.loads(calls.filter(pl.col("error").is_not_null())["error"][0])["stage"] == "backend_connect"
+    report = json.loads((out / "report.json").read_text())
+    assert report["counts"]["calls"] == len(recs) and report["counts"]["calls_without_completion"] == 1
+    assert report["merge_ratio"] == seqs["n_calls"].sum() / seqs.height
+    assert report["rewards"] == {"joined": 2, "missing": 1, "unmatched_lines": 1}
+    assert {b["cause"] for b in report["breaks"]} == {"prefix_diverged"}
+    s1 = seqs.filter((pl.col("session") == "s1") & ~pl.col("flags").list.contains("side_chain"))
+    assert set(s1["advantage"]) == {1.0}
+    sft = [json.loads(x) for x in (out / "sft.jsonl").read_text().splitlines()]
+    assert len(sft) == 5  # s1, s2, s3, and the null group's two conversations
+    assert all(isinstance(tc["function"]["arguments"], str)
+               for line in sft for m in line["messages"] for tc in m.get("tool_calls") or [])
+    html = (out / "report.html").read_text()
+    assert "<svg" in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_1_2_batches_pack_in_group_order_and_never_truncate(dump):
+    tmp, _ = dump
+    assert run(tmp, "--rewards", str(tmp / "r.jsonl"), "--max-batch-tokens", "80") == 0
+    seqs = pl.read_parquet(tmp / "out" / "sequences.parquet")
+    batches = sorted(os.listdir(tmp / "out" / "batches"))
+    frames = [pl.read_parquet(tmp / "out" / "batches" / b) for b in batches]
+    assert sum(f.height for f in frames) == seqs.height
+    for f in frames:
+        assert f["n_tokens"].sum() <= 80 or (f.height == 1 and "oversize" in f["flags"][0])
+    groups = [g for f in frames for g in f["group"]]
+    assert groups == sorted(groups, key=lambda g: (g is None, g or ""))
+
+
+def test_1_3_side_chains_exclude_leaves_them_out_of_batches(dump):
+    tmp, _ = dump
+    assert run(tmp, "--rewards", str(tmp / "r.jsonl"), "--side-chains", "exclude") == 0
+    seqs = pl.read_parquet(tmp / "out" / "sequences.parquet")
+    side = seqs.filter(pl.col("flags").list.contains("side_chain"))
+    assert side.height and side["reward"].null_count() == side.height
+    packed = pl.concat([pl.read_parquet(tmp / "out" / "batches" / b) for b in os.listdir(tmp / "out" / "batches")])
+    assert packed.height == seqs.height - side.height
+    report = json.loads((tmp / "out" / "report.json").read_text())
+    assert report["counts"]["excluded_from_batches"] == side.height
+
+
+def test_1_4_sft_min_reward_keeps_rewarded_sessions_only(dump):
+    tmp, _ = dump
+    assert run(tmp, "--rewards", str(tmp / "r.jsonl"), "--sft-min-reward", "0.5") == 0
+    assert len((tmp / "out" / "sft.jsonl").read_text().splitlines()) == 1
+
+
+def test_1_5_per_request_covers_the_same_calls(dump):
+    tmp, _ = dump
+    assert run(tmp) == 0
+    merged = pl.read_parquet(tmp / "out" / "sequences.parquet")
+    assert run(tmp, "--mode", "per_request", "--overwrite") == 0
+    per = pl.read_parquet(tmp / "out" / "sequences.parquet")
+    assert sorted(merged["call_ids"].explode()) == sorted(per["call_ids"].explode())
+    assert json.loads((tmp / "out" / "report.json").read_text())["merge_ratio"] == 1.0
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--engine", "ray"), "not yet available"),
+    (("--incremental",), "not yet available"),
+])
+def test_2_1_later_features_exit_2(dump, capsys, extra, message):
+    tmp, _ = dump
+    assert run(tmp, *extra) == 2 and message in capsys.readouterr().err
+
+
+def test_2_2_non_empty_out_needs_overwrite(dump, capsys):
+    tmp, _ = dump
+    (tmp / "out").mkdir()
+    (tmp / "out" / "keep").write_text("x")
+    assert run(tmp) == 2 and "--overwrite" in capsys.readouterr().err
+    assert os.listdir(tmp / "out") == ["keep"]
+    assert run(tmp, "--overwrite") == 0 and (tmp / "out" / "sequences.parquet").exists()
+
+
+def test_2_3_no_eot_source_exits_2_naming_the_options(tmp_path, capsys):
+    recs = session_records("s", ["trunc", "trunc"])
+    write_flows(str(tmp_path / "flows"), recs)
+    assert run(tmp_path) == 2
+    err = capsys.readouterr().err
+    assert "--eot-token-id" in err and "--tokenizer" in err and not (tmp_path / "out").exists()
+    assert run(tmp_path, "--eot-token-id", str(EOT)) == 0
+
+
+def test_2_4_bad_rewards_and_newer_versions_exit_2(dump, capsys):
+    tmp, _ = dump
+    (tmp / "bad.jsonl").write_text('{"session":"s1","reward":1}\n{"session":"s1","reward":2}\n')
+    assert run(tmp, "--rewards", str(tmp / "bad.jsonl")) == 2 and "duplicate" in capsys.readouterr().err
+    r = session_records("s9", ["turn"])[0]
+    r["v"] = 99
+    write_flows(str(tmp / "flows"), [r])
+    assert run(tmp) == 2 and "newer than this reader" in capsys.readouterr().err
+
+
+def test_2_5_summary_and_progress(dump, capsys):
+    tmp, _ = dump
+    assert main([str(tmp / "flows"), "-o", str(tmp / "out"), "--progress"]) == 0
+    cap = capsys.readouterr()
+    assert "merge ratio" in cap.out and "merge" in cap.err and "\r" in cap.err

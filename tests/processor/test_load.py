@@ -1,0 +1,70 @@
+"""Scenarios for processor/load.py: index pass, torn tails, open files, versions, unknown fields."""
+
+import os
+
+import msgpack
+import pytest
+
+from polar.addon import record as rec
+from polar.processor.load import InputError, RecordSource, build_index
+from tests.processor.synth import session_records, write_flows
+
+pytestmark = pytest.mark.unit
+
+
+def test_1_1_index_reads_every_file_in_name_order_and_groups_sessions(tmp_path):
+    recs = session_records("a", ["turn", "turn", "side"]) + session_records(None, ["turn"], seed=3)
+    files = write_flows(str(tmp_path), recs, per_file=2)
+    index = build_index([str(tmp_path)])
+    assert index.files == files and len(index.entries) == len(recs)
+    groups = index.sessions()
+    assert set(groups) == {"a", None} and len(groups["a"]) == 3
+    src = RecordSource(index.files)
+    loaded = src.load(groups["a"])
+    assert [r["id"] for _, r in loaded] == [r["id"] for r in recs[:3]]
+    src.close()
+
+
+def test_1_2_torn_tail_in_closed_file_is_an_error_reported_in_open_file_in_progress(tmp_path):
+    recs = session_records("a", ["turn", "turn"])
+    (path,) = write_flows(str(tmp_path), recs)
+    with open(path, "ab") as fh:
+        fh.write(rec.pack(recs[0])[:10])
+    open_path = path.replace(".msgpack", "-b.msgpack.open")
+    with open(open_path, "wb") as fh:
+        fh.write(rec.pack(recs[1])[:-3])
+    index = build_index([str(tmp_path)])
+    tails = {os.path.basename(t.file): t for t in index.torn_tails}
+    assert len(index.entries) == 2
+    assert not tails[os.path.basename(path)].in_progress and tails[os.path.basename(open_path)].in_progress
+    assert index.open_files == [open_path]
+
+
+def test_1_3_newer_schema_version_is_a_clear_error(tmp_path):
+    r = session_records("a", ["turn"])[0]
+    r["v"] = rec.VERSION + 1
+    write_flows(str(tmp_path), [r])
+    with pytest.raises(InputError, match="newer than this reader"):
+        build_index([str(tmp_path)])
+
+
+def test_1_4_unknown_fields_are_tolerated_and_missing_fields_filled(tmp_path):
+    r = session_records("a", ["turn"])[0]
+    r["future_field"] = {"x": 1}
+    del r["weight_versions"]
+    write_flows(str(tmp_path), [r])
+    index = build_index([str(tmp_path)])
+    got = RecordSource(index.files).read(index.entries[0])
+    assert got["future_field"] == {"x": 1} and got["weight_versions"] is None
+
+
+def test_1_5_missing_input_is_an_error(tmp_path):
+    with pytest.raises(InputError):
+        build_index([str(tmp_path / "nope")])
+
+
+def test_1_6_garbage_file_is_a_reported_torn_tail(tmp_path):
+    p = tmp_path / "flows-x.msgpack"
+    p.write_bytes(msgpack.packb([1, 2, 3]) + b"\xc1\xc1")
+    index = build_index([str(p)])
+    assert index.entries == [] and index.torn_tails[0].offset == 0
