@@ -258,6 +258,7 @@ class _Call:
                        prompt_len=prompt_len)
         self.record["normalizations"].extend(shaped.normalizations)
         self.record["sampling"] = shaped.sampling
+        self.forced_tool_choice = shaped.body.get("tool_choice")
         upstream_body = orjson.dumps(shaped.body)
         self.record["upstream_request"] = upstream_body
         return await self._generate(info, upstream_body, shaped.headers)
@@ -276,7 +277,9 @@ class _Call:
 
     async def _generate(self, info, upstream_body: bytes, extra_headers: dict) -> int:
         codec, plan = self.codec, self.plan
-        self.reader = reader = StreamReader(keep_logprob_entries=plan.agent_top_logprobs is not None)
+        self.reader = reader = StreamReader(keep_logprob_entries=plan.agent_top_logprobs is not None,
+                                            forced_tool_choice=self.forced_tool_choice,
+                                            call_id_prefix=f"call_{self.p.record_id.replace('-', '')[-12:]}")
         url = f"{self.backend.base_url}/chat/completions"
         try:
             async with self.backend.client.stream("POST", url, content=upstream_body, headers=extra_headers) as resp:
@@ -355,6 +358,8 @@ class _Call:
             self._make_encoder(info)
         completion = reader.completion()
         self.record["provider_stop_reason"] = codec.provider_stop_reason(completion)
+        if reader.forced_from_content:
+            self.record["normalizations"].append("forced_tool_call_parsed_from_content")
         if reader.prompt_token_ids is None or reader.completion_token_ids is None:
             self.record["normalizations"].append("backend_gave_no_token_ids")
         if stream:

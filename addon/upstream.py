@@ -117,11 +117,21 @@ def shape(plan_chat: dict, *, backend: BackendInfo, agent_top_logprobs: int | No
 
 
 class StreamReader:
-    """Accumulates one backend SSE stream. feed(bytes) → list of parsed events: ("delta", Delta) or
-    ("usage", None); the first chunk's prompt ids are in .prompt_token_ids as soon as it is read."""
+    """Accumulates one backend SSE stream. feed(bytes) → the Deltas it completed; the first chunk's prompt ids are
+    in .prompt_token_ids as soon as it is read.
 
-    def __init__(self, keep_logprob_entries: bool):
+    A forced tool call (tool_choice required or named) is guided JSON: `[{"name", "parameters"}]` for required, the
+    arguments object for named. Some backend configurations stream that JSON as plain content (vLLM with a reasoning
+    parser runs the tool parser only after reasoning ended), so for a forced call the content is held back; if no
+    tool-call delta came, the held JSON becomes the tool calls at the finish chunk, else it is released as text."""
+
+    def __init__(self, keep_logprob_entries: bool, forced_tool_choice=None, call_id_prefix: str = "call"):
         self.keep_logprob_entries = keep_logprob_entries
+        self.forced = forced_tool_choice if (forced_tool_choice == "required"
+                                             or isinstance(forced_tool_choice, dict)) else None
+        self.call_id_prefix = call_id_prefix
+        self.held: list[str] = []
+        self.forced_from_content = False
         self._buf = b""
         self.done = False  # saw [DONE]
         self.chunks = 0
@@ -226,11 +236,20 @@ class StreamReader:
             args = fn.get("arguments") or ""
             slot["arguments"].append(args)
             calls.append(ToolCallDelta(index, tc.get("id"), fn.get("name"), args))
+        finish = choice.get("finish_reason")
+        if self.forced is not None and not self.tool_calls and not calls:
+            if text:
+                self.held.append(text)
+                text = ""
+            if finish:
+                text, calls = self._release_forced()
+        elif self.held:
+            text = "".join(self.held) + text
+            self.held = []
         if text:
             self.content.append(text)
         if reasoning:
             self.reasoning.append(reasoning)
-        finish = choice.get("finish_reason")
         if finish:
             self.finish_reason = finish
             self.stop_reason = choice.get("stop_reason")
@@ -238,6 +257,29 @@ class StreamReader:
             return None
         return Delta(text=text, reasoning=reasoning, tool_calls=tuple(calls), finish_reason=finish,
                      logprobs=tuple(entries) if self.keep_logprob_entries else ())
+
+    def _release_forced(self) -> tuple[str, list[ToolCallDelta]]:
+        """At the finish chunk of a forced call that produced no tool-call deltas: parse the held guided JSON."""
+        held, self.held = "".join(self.held), []
+        try:
+            parsed = orjson.loads(held) if held.strip() else None
+        except orjson.JSONDecodeError:
+            return held, []
+        if self.forced == "required" and isinstance(parsed, list) and parsed and all(
+                isinstance(c, dict) and isinstance(c.get("name"), str) for c in parsed):
+            pairs = [(c["name"], c.get("parameters", c.get("arguments", {}))) for c in parsed]
+        elif isinstance(self.forced, dict) and isinstance(parsed, dict):
+            pairs = [(((self.forced.get("function") or {}).get("name")) or "", parsed)]
+        else:
+            return held, []
+        calls = []
+        for index, (name, args) in enumerate(pairs):
+            arguments = args if isinstance(args, str) else orjson.dumps(args).decode()
+            call_id = f"{self.call_id_prefix}_{index}"
+            self.tool_calls[index] = {"id": call_id, "name": name, "arguments": [arguments]}
+            calls.append(ToolCallDelta(index, call_id, name, arguments))
+        self.forced_from_content = True
+        return "", calls
 
     def completion(self) -> Completion:
         calls = tuple(

@@ -20,7 +20,7 @@ from polar.processor.load import IndexEntry, RecordSource, build_index
 from polar.processor.merge import FLAGS, GroupResult, merge_group
 from polar.processor.normalize import Call, to_call
 from polar.processor.report import ReportBuilder, render_html
-from polar.processor.writers import (CALLS_SCHEMA, SEQUENCES_SCHEMA, BatchPacker, OutDir, PartedParquet, calls_frame,
+from polar.processor.writers import (CALLS_SCHEMA, SEQUENCES_SCHEMA, BatchPacker, OutDir, StreamingParquet, calls_frame,
                                      sequences_frame, sft_line)
 
 
@@ -113,6 +113,7 @@ def process(opts: Options, progress: Progress | None = None) -> dict:
     progress = progress or Progress(False)
     t0 = time.perf_counter()
     outdir = OutDir(opts.out, opts.overwrite)
+    sinks: list[StreamingParquet] = []
     try:
         index = build_index(opts.inputs, lambda d, t: progress("index", d, t, f"{d / 1e6:.0f}/{t / 1e6:.0f} MB"))
         groups = index.sessions()
@@ -131,8 +132,9 @@ def process(opts: Options, progress: Progress | None = None) -> dict:
         rewards = rw.read_rewards(opts.rewards, {s for s in groups if s is not None})
         settings = Settings(opts.mode, opts.on_mismatch, opts.max_batch_tokens, opts.side_chains, eot, rewards)
 
-        calls_out = PartedParquet(outdir.tmp, "calls.parquet", calls_frame, CALLS_SCHEMA)
-        seqs_out = PartedParquet(outdir.tmp, "sequences.parquet", sequences_frame, SEQUENCES_SCHEMA)
+        calls_out = StreamingParquet(outdir.path("calls.parquet"), calls_frame, CALLS_SCHEMA, 256)
+        seqs_out = StreamingParquet(outdir.path("sequences.parquet"), sequences_frame, SEQUENCES_SCHEMA, 128)
+        sinks += [calls_out, seqs_out]
         os.makedirs(outdir.path("batches"), exist_ok=True)
         packer = BatchPacker(outdir.path("batches"), opts.max_batch_tokens)
         report = ReportBuilder(opts.mode)
@@ -163,7 +165,7 @@ def process(opts: Options, progress: Progress | None = None) -> dict:
                 report.add_group(session, out.calls, out.result)
                 done += len(entries)
                 progress("merge", done, n_records, f"{done}/{n_records} records")
-            packer.flush()
+            packer.close()
         source.close()
         calls_out.finish()
         seqs_out.finish()
@@ -181,6 +183,8 @@ def process(opts: Options, progress: Progress | None = None) -> dict:
         outdir.commit()
         return doc
     except BaseException:
+        for sink in sinks:
+            sink.abort()
         outdir.abort()
         raise
 

@@ -1,19 +1,23 @@
 """Output files (DESIGN §3): calls.parquet, sequences.parquet, batches/, sft.jsonl, under temporary names.
 
 Everything is written into OUT/.polar-tmp-<pid>/ and renamed into OUT at the end, so a failed run leaves OUT as it
-was. Frames are flushed in parts as sessions stream through, so memory stays bounded by the largest session plus one
-part; several parts are streamed into the final file by Polars at the end.
+was. Frames stream into Polars sinks as sessions go by, so memory stays bounded by the largest session plus a few
+chunks, and compression runs beside the processing.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import shutil
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 import orjson
 import polars as pl
+from polars.io.plugins import register_io_source
 
 from polar.processor.merge import Sequence_
 
@@ -34,7 +38,7 @@ CALLS_SCHEMA: dict[str, pl.DataType] = {
     "chain_id": pl.Utf8, "source_file": pl.Utf8, "source_offset": pl.Int64,
 }
 
-_PART_BYTES = 64 << 20  # flush a part when its buffered payload passes this
+_CHUNK_BYTES = 32 << 20  # hand a chunk to the sink when its buffered payload passes this
 
 
 class OutputError(ValueError):
@@ -81,43 +85,79 @@ def calls_frame(rows: list[dict]) -> pl.DataFrame:
     return pl.DataFrame(rows, schema=CALLS_SCHEMA, orient="row") if rows else pl.DataFrame(schema=CALLS_SCHEMA)
 
 
-class PartedParquet:
-    """One output parquet file written in parts: buffered rows are flushed when large, joined at the end."""
+class StreamingParquet:
+    """One output parquet file written in a single streaming pass.
 
-    def __init__(self, tmp_dir: str, name: str, to_frame, empty_schema: dict):
-        self.tmp_dir, self.name, self.to_frame, self.empty_schema = tmp_dir, name, to_frame, empty_schema
+    Polars' sink runs in a background thread and pulls frames from a bounded queue (a registered IO source), so
+    compression and disk writes overlap the processing of the next sessions and at most a few chunks are held."""
+
+    def __init__(self, path: str, to_frame, schema: dict, row_group_rows: int, chunk_bytes: int = _CHUNK_BYTES):
+        self.path, self.to_frame, self.schema, self.chunk_bytes = path, to_frame, schema, chunk_bytes
+        # Rows here are large (a call's whole conversation, a merged sequence): row groups are counted in rows, so
+        # a small count keeps the sink from holding the whole file before its first row group.
+        self.row_group_rows = row_group_rows
         self.buffer: list = []
         self.buffered = 0
-        self.parts: list[str] = []
         self.rows = 0
+        self._queue: queue.Queue = queue.Queue(maxsize=2)
+        self._error: BaseException | None = None
+        lf = register_io_source(io_source=self._source, schema=schema)
+        self._thread = threading.Thread(target=self._sink, args=(lf,), name=f"sink-{os.path.basename(path)}",
+                                        daemon=True)
+        self._thread.start()
+
+    def _source(self, with_columns, predicate, n_rows, batch_size):
+        while True:
+            frame = self._queue.get()
+            if frame is None:
+                return
+            yield frame
+
+    def _sink(self, lf: pl.LazyFrame) -> None:
+        try:
+            lf.sink_parquet(self.path, row_group_size=self.row_group_rows)
+        except BaseException as exc:  # reported by add()/finish() in the caller's thread
+            self._error = exc
+
+    def _put(self, item) -> None:
+        while True:
+            if self._error is not None or not self._thread.is_alive():
+                raise OSError(f"writing {self.path} failed: {self._error}")
+            try:
+                self._queue.put(item, timeout=0.5)
+                return
+            except queue.Full:
+                continue
 
     def add(self, items: list, nbytes: int) -> None:
         self.buffer.extend(items)
         self.buffered += nbytes
         self.rows += len(items)
-        if self.buffered >= _PART_BYTES:
-            self._flush_part()
+        if self.buffered >= self.chunk_bytes:
+            self._flush()
 
-    def _flush_part(self) -> None:
-        path = os.path.join(self.tmp_dir, f".{self.name}.part{len(self.parts):05d}.parquet")
-        # Compressed even though they are read once more: writing uncompressed text is disk-bound and slower.
-        self.to_frame(self.buffer).write_parquet(path)
-        self.parts.append(path)
+    def _flush(self) -> None:
+        if self.buffer:
+            self._put(self.to_frame(self.buffer))
         self.buffer, self.buffered = [], 0
 
     def finish(self) -> str:
-        final = os.path.join(self.tmp_dir, self.name)
-        if not self.parts:
-            frame = self.to_frame(self.buffer) if self.buffer else pl.DataFrame(schema=self.empty_schema)
-            frame.write_parquet(final)
-        else:
-            if self.buffer:
-                self._flush_part()
-            pl.scan_parquet(self.parts).sink_parquet(final)
-            for p in self.parts:
-                os.remove(p)
+        self._flush()
+        self._put(None)
+        self._thread.join()
+        if self._error is not None:
+            raise OSError(f"writing {self.path} failed: {self._error}")
+        return self.path
+
+    def abort(self) -> None:
+        """Stop the sink thread (the partial file is removed with the temporary directory)."""
         self.buffer = []
-        return final
+        if self._thread.is_alive():
+            try:
+                self._queue.put(None, timeout=5)
+            except queue.Full:
+                return
+            self._thread.join(timeout=30)
 
 
 @dataclass
@@ -130,6 +170,8 @@ class BatchPacker:
     current: list[Sequence_] = field(default_factory=list)
     tokens: int = 0
     files: int = 0
+    _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="batches"))
+    _pending: list[Future] = field(default_factory=list)
 
     def add(self, seq: Sequence_) -> None:
         n = seq.n_tokens
@@ -147,9 +189,22 @@ class BatchPacker:
         if not self.current:
             return
         os.makedirs(self.directory, exist_ok=True)
-        sequences_frame(self.current).write_parquet(os.path.join(self.directory, f"batch-{self.files:05d}.parquet"))
+        frame = sequences_frame(self.current)
+        path = os.path.join(self.directory, f"batch-{self.files:05d}.parquet")
+        # The write releases the GIL: it runs beside the next sessions. At most a few frames wait.
+        self._pending = [f for f in self._pending if not f.done() or f.result() is None]
+        while len(self._pending) >= 4:
+            self._pending.pop(0).result()
+        self._pending.append(self._pool.submit(frame.write_parquet, path))
         self.files += 1
         self.current, self.tokens = [], 0
+
+    def close(self) -> None:
+        """Flush the last batch and wait for every write (re-raising the first failure)."""
+        self.flush()
+        for f in self._pending:
+            f.result()
+        self._pool.shutdown()
 
 
 def _json_arguments(messages: list) -> list:

@@ -665,7 +665,8 @@ _STATUS_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: 
 
 def _error_status_type(e: GatewayError) -> tuple[int, str]:
     status, kind = _KIND_STATUS.get(e.kind, (529, "overloaded_error"))
-    if e.status is not None and e.status != status:
+    # A backend 4xx is passed on as such; any backend 5xx is Anthropic's 529 (DESIGN §4 table).
+    if e.status is not None and 400 <= e.status < 500 and e.status != status:
         return e.status, _STATUS_TYPE.get(e.status, "api_error")
     return status, kind
 

@@ -493,7 +493,11 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
 
 
 def provider_stop_reason(c: Completion) -> str:
-    """OpenAI's finish_reason is vLLM's own (stop, length, tool_calls); a missing one is a plain stop."""
+    """OpenAI's finish_reason is vLLM's own (stop, length, tool_calls); a missing one is a plain stop, and so is
+    `tool_calls` when no call was parsed (vLLM can stream a forced call as plain content): an agent told
+    `tool_calls` looks for calls that are not there."""
+    if c.finish_reason == "tool_calls" and not c.tool_calls:
+        return "stop"
     return c.finish_reason or "stop"
 
 
@@ -613,7 +617,7 @@ class Encoder:
     def finish(self, c: Completion) -> list[bytes]:
         """The finish chunk, the usage chunk when the agent asked include_usage, then [DONE]."""
         out = self.start()
-        reason = c.finish_reason or self.finish_reason or "stop"
+        reason = provider_stop_reason(c) if c.finish_reason else (self.finish_reason or "stop")
         out.append(self._chunk({}, finish_reason=reason))
         if self.include_usage:
             out.append(_data({"id": self.id, "object": "chat.completion.chunk", "created": self.ctx.created,

@@ -139,3 +139,34 @@ def test_3_1_backend_errors_classify_per_the_design_table():
     assert classify_backend_error(400, b'{"error":{"message":"bad tool"}}').kind == "bad_request"
     assert classify_backend_error(503, b"").kind == "unavailable"
     assert classify_backend_error(500, b"<html>").kind == "unavailable"
+
+
+def test_2_4_forced_call_streamed_as_content_becomes_tool_calls():
+    raw = vllm_stream([1], [({"content": '[{"name": "ls", '}, [5]), ({"content": '"parameters": {"p": "."}}]'}, [6])],
+                      finish="tool_calls")
+    reader = StreamReader(False, forced_tool_choice="required", call_id_prefix="call_x")
+    deltas = reader.feed(raw)
+    assert "".join(d.text for d in deltas) == ""
+    calls = [tc for d in deltas for tc in d.tool_calls]
+    assert [(c.id, c.name, c.arguments) for c in calls] == [("call_x_0", "ls", '{"p":"."}')]
+    c = reader.completion()
+    assert c.content == "" and c.tool_calls[0].name == "ls" and reader.forced_from_content
+
+
+def test_2_5_forced_named_call_and_non_json_text_is_released():
+    named = {"type": "function", "function": {"name": "get"}}
+    reader = StreamReader(False, forced_tool_choice=named)
+    deltas = reader.feed(vllm_stream([1], [({"content": '{"a": 1}'}, [5])], finish="stop"))
+    assert [(tc.name, tc.arguments) for d in deltas for tc in d.tool_calls] == [("get", '{"a":1}')]
+    reader = StreamReader(False, forced_tool_choice="required")
+    deltas = reader.feed(vllm_stream([1], [({"content": "no json"}, [5])], finish="stop"))
+    assert "".join(d.text for d in deltas) == "no json" and reader.completion().tool_calls == ()
+
+
+def test_2_6_forced_call_with_real_tool_deltas_passes_text_through():
+    raw = vllm_stream([1], [({"tool_calls": [{"index": 0, "id": "c1", "type": "function",
+                                              "function": {"name": "ls", "arguments": "{}"}}]}, [5])],
+                      finish="tool_calls")
+    reader = StreamReader(False, forced_tool_choice="required")
+    reader.feed(raw)
+    assert not reader.forced_from_content and reader.completion().tool_calls[0].id == "c1"

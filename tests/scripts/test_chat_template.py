@@ -198,6 +198,9 @@ def test_2_5_text_parts_join_with_newlines_and_images_render_a_placeholder():
     conv = [{"role": "user", "content": [{"type": "text", "text": "see "},
                                          {"type": "image_url", "image_url": {"url": "data:x"}}]}]
     assert "<|im_start|>user\nsee \n[image]<|im_end|>" in render(conv)
+    # vLLM detects this template as "string" format and joins text parts with "\n" before rendering: same prompt.
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert render(parts) == render([{"role": "user", "content": "a\nb"}])
 
 
 def test_2_6_mid_conversation_system_stays_in_place():

@@ -210,9 +210,9 @@ def test_2_6_thinking_round_trip_and_redacted_thinking_noted():
         {"role": "user", "content": "q2"}])
     assert p.chat["messages"][1] == {"role": "assistant", "content": "a", "reasoning_content": "hmm"}
     assert {"redacted_thinking_dropped", "reasoning_dropped"} <= set(p.normalizations)
+    omitted_thinking = {"type": "thinking", "thinking": "", "signature": "s"}  # `display: omitted`
     omitted = plan_of(messages=[{"role": "user", "content": "q"},
-                                {"role": "assistant", "content": [{"type": "thinking", "thinking": "", "signature": "s"},
-                                                                  {"type": "text", "text": "a"}]},
+                                {"role": "assistant", "content": [omitted_thinking, {"type": "text", "text": "a"}]},
                                 {"role": "user", "content": "q2"}])
     assert omitted.chat["messages"][1] == {"role": "assistant", "content": "a"}
     assert "reasoning_dropped" in omitted.normalizations
@@ -513,9 +513,11 @@ def test_5_1_error_response_table_through_the_sdk(kind, status, etype, exc):
     assert info.value.status_code == status and info.value.body["error"]["type"] == etype
 
 
-def test_5_2_status_override_picks_the_matching_type():
+def test_5_2_backend_4xx_passes_on_and_5xx_is_overloaded():
     status, raw = codec.error_response(GatewayError("unavailable", "backend said no", status=400))
     assert status == 400 and orjson.loads(raw)["error"]["type"] == "invalid_request_error"
+    status, raw = codec.error_response(GatewayError("unavailable", "backend answered 503", status=503))
+    assert status == 529 and orjson.loads(raw)["error"]["type"] == "overloaded_error"
 
 
 def test_5_3_mid_stream_error_event_raises_in_the_sdk():

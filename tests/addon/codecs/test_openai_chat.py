@@ -580,8 +580,19 @@ def test_6_3_logprobs_in_the_response_only_when_asked():
 
 def test_6_4_provider_stop_reason_is_vllms_value():
     assert codec.provider_stop_reason(completion(finish="length")) == "length"
-    assert codec.provider_stop_reason(completion(finish="tool_calls")) == "tool_calls"
     assert codec.provider_stop_reason(completion(finish=None)) == "stop"
+    calls = [ToolCall("c", "sh", "{}")]
+    assert codec.provider_stop_reason(completion(calls=calls, finish="tool_calls")) == "tool_calls"
+
+
+def test_6_5_tool_calls_finish_without_a_parsed_call_is_told_as_stop():
+    """vLLM can stream a forced call as plain content yet finish `tool_calls`; the agent must not hunt for calls."""
+    raw_call = '[{"name": "sh", "parameters": {}}]'
+    c = completion(raw_call, finish="tool_calls")
+    assert codec.provider_stop_reason(c) == "stop"
+    assert encoder(plan_of()).response(c)["choices"][0]["finish_reason"] == "stop"
+    raw = stream_bytes(encoder(), [Delta(text=raw_call, finish_reason="tool_calls")], c)
+    assert sdk_final(raw).choices[0].finish_reason == "stop"
 
 
 # -- 7. errors ----------------------------------------------------------------------------------------------------

@@ -1,0 +1,262 @@
+"""A recording HTTP relay between the gateway and a backend: proxy → relay → vLLM (or SGLang, or a stand-in).
+
+It forwards every request and response unchanged — same method, path, headers, body bytes, status — and streams the
+response through as it arrives (one upstream read → one downstream chunk), so it never changes what the gateway sees.
+For each request it keeps the request body and the raw response bytes; `Exchange.chunks` parses a chat stream's SSE
+events and `Exchange.truth()` derives what the backend actually sent (prompt ids, completion ids, logprobs, usage,
+finish reason) in vLLM's format or SGLang's. That is the ground truth a contract test compares a record against::
+
+    relay = RecordingRelay("http://127.0.0.1:8000")   # the backend root (no /v1)
+    relay.start()                                       # relay.base_url → "http://127.0.0.1:<port>/v1"
+    ...
+    relay.chats()[-1].truth().completion_ids
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import urlsplit
+
+# Hop-by-hop headers are the relay's own business on each side (RFC 9110 §7.6.1); everything else passes as is.
+HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
+
+
+@dataclass
+class Truth:
+    """What the backend sent for one chat call (None where it sent nothing)."""
+
+    prompt_token_ids: list[int] | None = None
+    completion_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    usage: dict | None = None
+    finish_reason: str | None = None
+    stop_reason: Any = None
+    system_fingerprint: str | None = None
+    weight_versions: Any = None
+
+
+@dataclass
+class Exchange:
+    """One request through the relay and the backend's answer, byte for byte."""
+
+    method: str
+    path: str
+    request_headers: dict[str, str]
+    request_body: bytes
+    status: int = 0
+    response_headers: dict[str, str] = field(default_factory=dict)
+    response_body: bytes = b""
+    complete: bool = False  # the backend's response ended normally
+
+    def json(self) -> Any:
+        return json.loads(self.request_body) if self.request_body else None
+
+    def response_json(self) -> Any:
+        return json.loads(self.response_body)
+
+    @property
+    def streamed(self) -> bool:
+        return self.response_headers.get("content-type", "").startswith("text/event-stream")
+
+    @property
+    def chunks(self) -> list[dict]:
+        """The parsed `data:` events of an SSE response, without `[DONE]`."""
+        out = []
+        for line in self.response_body.split(b"\n"):
+            line = line.rstrip(b"\r")
+            if line.startswith(b"data:"):
+                payload = line[5:].strip()
+                if payload != b"[DONE]":
+                    out.append(json.loads(payload))
+        return out
+
+    def truth(self) -> Truth:
+        """Token data as the backend sent it: vLLM (first-chunk `prompt_token_ids`, per-chunk `token_ids`),
+        SGLang (trailing `sglext` chunk; per-choice ids when not streaming) or a plain JSON response."""
+        t = Truth()
+        docs = self.chunks if self.streamed else [self.response_json()]
+        for doc in docs:
+            if doc.get("system_fingerprint"):
+                t.system_fingerprint = doc["system_fingerprint"]
+            if doc.get("usage"):
+                t.usage = doc["usage"]
+            if doc.get("prompt_token_ids") is not None and t.prompt_token_ids is None:
+                t.prompt_token_ids = list(doc["prompt_token_ids"])
+            ext = doc.get("sglext")
+            if isinstance(ext, dict):
+                if ext.get("input_ids") is not None:
+                    t.prompt_token_ids = list(ext["input_ids"])
+                if ext.get("output_ids") is not None:
+                    t.completion_ids = list(ext["output_ids"])
+            for choice in doc.get("choices") or []:
+                if choice.get("prompt_token_ids") is not None and t.prompt_token_ids is None:
+                    t.prompt_token_ids = list(choice["prompt_token_ids"])
+                for key in ("token_ids", "response_token_ids"):
+                    if choice.get(key) is not None:
+                        t.completion_ids = (t.completion_ids or []) + list(choice[key])
+                for entry in ((choice.get("logprobs") or {}).get("content") or []):
+                    t.logprobs = (t.logprobs or []) + [float(entry["logprob"])]
+                if choice.get("finish_reason"):
+                    t.finish_reason = choice["finish_reason"]
+                    t.stop_reason = choice.get("stop_reason")
+                if choice.get("weight_versions") is not None:
+                    t.weight_versions = choice["weight_versions"]
+        return t
+
+
+class RecordingRelay:
+    """A threaded relay on 127.0.0.1 in front of `target` (the backend's root URL, with or without /v1)."""
+
+    def __init__(self, target: str, host: str = "127.0.0.1", port: int = 0, timeout: float = 600.0):
+        target = target.rstrip("/")
+        if target.endswith("/v1"):
+            target = target[:-3]
+        parts = urlsplit(target)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ValueError(f"the relay forwards plain http only: {target}")
+        self.target = target
+        self._upstream = (parts.hostname, parts.port or 80)
+        self._host, self._port = host, port
+        self.timeout = timeout
+        self._lock = threading.Lock()
+        self.exchanges: list[Exchange] = []
+        self._server: ThreadingHTTPServer | None = None
+
+    # ---- lifecycle
+    def start(self) -> str:
+        if self._server is None:
+            handler = type("Handler", (_Handler,), {"relay": self})
+            self._server = ThreadingHTTPServer((self._host, self._port), handler)
+            self._server.daemon_threads = True
+            threading.Thread(target=self._server.serve_forever, name="recording-relay", daemon=True).start()
+        return self.base_url
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    def __enter__(self) -> "RecordingRelay":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "not started"
+        return self._server.server_address[1]
+
+    @property
+    def root_url(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.root_url + "/v1"
+
+    # ---- what went through
+    def _add(self, ex: Exchange) -> None:
+        with self._lock:
+            self.exchanges.append(ex)
+
+    def mark(self) -> int:
+        """The number of exchanges so far (pass to `chats(since=...)`)."""
+        with self._lock:
+            return len(self.exchanges)
+
+    def chats(self, since: int = 0) -> list[Exchange]:
+        """Chat-completion exchanges, in arrival order, from index `since` on."""
+        with self._lock:
+            return [e for e in self.exchanges[since:] if e.path.split("?")[0].endswith("/chat/completions")]
+
+    def clear(self) -> None:
+        with self._lock:
+            self.exchanges.clear()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    relay: RecordingRelay
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _read_body(self) -> bytes:
+        if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
+            data = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
+                if size == 0:
+                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
+                        pass
+                    return data
+                data += self.rfile.read(size)
+                self.rfile.readline()
+        n = int(self.headers.get("content-length") or 0)
+        return self.rfile.read(n) if n else b""
+
+    def _relay(self) -> None:
+        relay = self.relay
+        body = self._read_body()
+        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        ex = Exchange(self.command, self.path, {k.lower(): v for k, v in headers.items()}, body)
+        relay._add(ex)
+        conn = http.client.HTTPConnection(*relay._upstream, timeout=relay.timeout)
+        try:
+            if body or self.command in ("POST", "PUT", "PATCH"):
+                headers["Content-Length"] = str(len(body))
+            conn.request(self.command, self.path, body=body or None, headers=headers)
+            resp = conn.getresponse()
+        except OSError as exc:
+            conn.close()
+            ex.status = 502
+            msg = json.dumps({"error": {"message": f"relay: backend unreachable: {exc!r}"}}).encode()
+            self.send_response(502)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(msg)))
+            self.end_headers()
+            self.wfile.write(msg)
+            return
+        ex.status = resp.status
+        ex.response_headers = {k.lower(): v for k, v in resp.getheaders()}
+        length = resp.getheader("content-length")
+        self.send_response_only(resp.status, resp.reason)
+        for k, v in resp.getheaders():
+            if k.lower() not in HOP_BY_HOP and k.lower() not in ("content-length", "date", "server"):
+                self.send_header(k, v)
+        chunked = length is None
+        if chunked:
+            self.send_header("transfer-encoding", "chunked")
+        else:
+            self.send_header("content-length", length)
+        self.end_headers()
+        parts = []
+        try:
+            while True:
+                data = resp.read1(65536)
+                if not data:
+                    break
+                parts.append(data)
+                # One upstream read → one downstream write: the relay adds no buffering of its own.
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+                self.wfile.flush()
+            ex.complete = True
+            if chunked:
+                self.wfile.write(b"0\r\n\r\n")
+                self.wfile.flush()
+        except (OSError, http.client.HTTPException):
+            # The backend dropped the stream: drop ours the same way so the gateway sees the same failure.
+            self.close_connection = True
+        finally:
+            ex.response_body = b"".join(parts)
+            conn.close()
+
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _relay
