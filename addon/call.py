@@ -357,7 +357,7 @@ class _Call:
         if self.encoder is None:
             self._make_encoder(info)
         completion = reader.completion()
-        self.record["provider_stop_reason"] = codec.provider_stop_reason(completion)
+        self.record["provider_stop_reason"] = codec.provider_stop_reason(completion, plan)
         if reader.forced_from_content:
             self.record["normalizations"].append("forced_tool_call_parsed_from_content")
         if reader.prompt_token_ids is None or reader.completion_token_ids is None:

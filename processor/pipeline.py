@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import orjson
@@ -187,10 +186,3 @@ def process(opts: Options, progress: Progress | None = None) -> dict:
             sink.abort()
         outdir.abort()
         raise
-
-
-def default_progress() -> Progress:
-    return Progress(sys.stderr.isatty())
-
-
-ProgressFn = Callable[[str, float, float, str], None]

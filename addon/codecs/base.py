@@ -16,6 +16,7 @@ A codec module exposes, in this order:
     error_response(e: GatewayError) -> (status, body bytes)
                                                     a failure before response headers, in the provider's shape
     count_tokens_response(n: int, route) -> dict    answer to the protocol's token-count endpoint
+    provider_stop_reason(c: Completion, plan) -> str  what the agent was told (recorded)
     STREAM_CONTENT_TYPE / JSON_CONTENT_TYPE
     stream_content_type(route) -> str               optional: when the stream's content type depends on the route
     Encoder.notes: list[str]                        optional: normalizations found while encoding (recorded)

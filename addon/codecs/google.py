@@ -556,7 +556,7 @@ def to_chat(body: dict, route: Route) -> ChatPlan:
 _FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "abort": "OTHER", "error": "OTHER"}
 
 
-def provider_stop_reason(c: Completion) -> str:
+def provider_stop_reason(c: Completion, plan: ChatPlan | None = None) -> str:
     """Google's finishReason for a backend finish (function calls finish with STOP, like Gemini)."""
     if c.finish_reason is None:
         return "STOP"

@@ -492,7 +492,7 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def provider_stop_reason(c: Completion) -> str:
+def provider_stop_reason(c: Completion, plan: ChatPlan | None = None) -> str:
     """OpenAI's finish_reason is vLLM's own (stop, length, tool_calls); a missing one is a plain stop, and so is
     `tool_calls` when no call was parsed (vLLM can stream a forced call as plain content): an agent told
     `tool_calls` looks for calls that are not there."""

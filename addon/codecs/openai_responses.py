@@ -634,7 +634,7 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
 # ---------------------------------------------------------------------------------------------------------------
 
 
-def provider_stop_reason(c: Completion) -> str:
+def provider_stop_reason(c: Completion, plan: ChatPlan | None = None) -> str:
     """What the agent was told: the response status, with the reason when incomplete."""
     return "incomplete:max_output_tokens" if c.finish_reason == "length" else "completed"
 

@@ -53,6 +53,12 @@ class GatewayHandle:
         """An httpx client that reaches provider hosts through the proxy, trusting only our CA."""
         return httpx.Client(proxy=self.proxy_url(session), verify=self.ssl_context(), trust_env=False, **kwargs)
 
+    def sdk_http_client(self, session: str | None = "test-session", **kwargs):
+        """For the official SDKs (built on httpx2): a client through the proxy that trusts only our CA."""
+        import httpx2
+
+        return httpx2.Client(proxy=self.proxy_url(session), verify=self.ssl_context(), trust_env=False, **kwargs)
+
     def async_http_client(self, session: str | None = "test-session", **kwargs) -> httpx.AsyncClient:
         return httpx.AsyncClient(proxy=self.proxy_url(session), verify=self.ssl_context(), trust_env=False, **kwargs)
 

@@ -1,0 +1,169 @@
+"""Fixtures for the real-CLI end-to-end tests (marker `e2e`).
+
+`agents` runs a real agent CLI through `scripts/run-agent` against the test gateway (the scripted upstream behind
+it), in a fresh HOME and working directory per test. `main_script` queues replies for the main conversation only:
+the scripted upstream takes replies in order, but CLIs interleave side calls (Claude's title call, Gemini's router,
+Qwen's extra calls), so requests are routed by content — a side call gets the upstream's default reply (valid JSON
+for a `response_format` json_schema), a main call the next scripted reply. `processed` runs `polar-process` on the
+gateway's flows and returns the session's sequences and calls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+import pytest
+
+from tests.support.gateway import ROOT
+
+NPM_BIN = os.path.join(os.environ.get("POLAR_NPM_DIR") or os.path.join(ROOT, ".cache", "npm"), "node_modules", ".bin")
+BINARIES = {"claude-code": "claude", "codex": "codex", "gemini-cli": "gemini", "qwen-code": "qwen", "pi": "pi"}
+RUN_AGENT = os.path.join(ROOT, "scripts", "run-agent")
+POLAR_PROCESS = os.path.join(os.path.dirname(sys.executable), "polar-process")
+# A command whose output is not in its text: seeing "polar-42" in a tool result proves the CLI really ran it.
+SHELL_COMMAND = "echo polar-$((6*7))"
+SHELL_OUTPUT = "polar-42"
+CLI_TIMEOUT = 180
+
+
+def require_cli(harness: str) -> str:
+    path = os.path.join(NPM_BIN, BINARIES[harness])
+    if not os.access(path, os.X_OK):
+        pytest.skip(f"{BINARIES[harness]} is not installed: run scripts/setup --clis")
+    return path
+
+
+def is_side_call(body: dict) -> bool:
+    """A request that is not the main conversation: structured output (Claude's title call, Gemini's router) or a
+    call with no tools at all (Qwen's extra calls); the main conversation of every harness carries its tools."""
+    return bool(body.get("response_format")) or not body.get("tools")
+
+
+class RoutedScript:
+    """Replies for main-conversation requests, in order; side calls get the upstream's default reply."""
+
+    def __init__(self, upstream):
+        self.upstream = upstream
+        self.queue: list = []
+        self.main_indices: list[int] = []  # indices into upstream.responses
+        self.side_indices: list[int] = []
+        self._orig = type(upstream)._next_reply
+
+    def __call__(self, *replies) -> None:
+        for r in replies:
+            r.faults()
+        with self.upstream._lock:
+            self.queue.extend(replies)
+
+    def next_reply(self, body: dict, prompt_ids: list[int]):
+        up = self.upstream
+        with up._lock:
+            index = len(up.responses)  # the response about to be appended for this request
+            if is_side_call(body):
+                self.side_indices.append(index)
+                return up._default_reply(body, prompt_ids), False
+            self.main_indices.append(index)
+            if self.queue:
+                return self.queue.pop(0), True
+        return up._default_reply(body, prompt_ids), False
+
+    def main_responses(self):
+        return [self.upstream.responses[i] for i in self.main_indices]
+
+    def main_requests(self):
+        return [self.upstream.requests[self.upstream.responses[i].request_index].body for i in self.main_indices]
+
+
+@pytest.fixture
+def main_script(upstream, monkeypatch) -> RoutedScript:
+    routed = RoutedScript(upstream)
+    # An instance attribute shadows ScriptedUpstream._next_reply for this test only (helper A's file is untouched).
+    monkeypatch.setattr(upstream, "_next_reply", routed.next_reply, raising=False)
+    return routed
+
+
+@dataclass
+class AgentRun:
+    harness: str
+    session: str
+    returncode: int
+    stdout: str
+    stderr: str
+    cwd: str
+    argv: list[str] = field(default_factory=list)
+
+    def explain(self) -> str:
+        return (f"{' '.join(self.argv)}\nrc={self.returncode}\n--- stdout\n{self.stdout[-4000:]}\n"
+                f"--- stderr\n{self.stderr[-4000:]}")
+
+
+class Agents:
+    def __init__(self, gateway, tmp_path):
+        self.gateway = gateway
+        self.tmp_path = tmp_path
+        self.n = 0
+
+    def run(self, harness: str, prompt: str, *, session: str | None = None, provider: str | None = None,
+            model: str | None = None, keep_nonessential: bool = False, timeout: float = CLI_TIMEOUT) -> AgentRun:
+        require_cli(harness)
+        self.n += 1
+        home = self.tmp_path / f"home{self.n}"
+        cwd = self.tmp_path / f"work{self.n}"
+        home.mkdir()
+        cwd.mkdir()
+        session = session or f"e2e-{harness}-{provider or 'default'}-{os.urandom(4).hex()}"
+        argv = [sys.executable, RUN_AGENT, harness, "--session", session,
+                "--proxy", f"http://127.0.0.1:{self.gateway.port}", "--ca", self.gateway.ca_pem, "--cwd", str(cwd)]
+        if provider:
+            argv += ["--provider", provider]
+        if model:
+            argv += ["--model", model]
+        if keep_nonessential:
+            argv += ["--keep-nonessential"]
+        argv += ["--", prompt]
+        env = {k: v for k, v in os.environ.items()
+               if k not in ("NO_PROXY", "no_proxy", "CODEX_HOME", "GEMINI_CLI_HOME", "XDG_CONFIG_HOME",
+                            "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "PI_CODING_AGENT_DIR")}
+        env.update({"HOME": str(home), "TERM": "dumb", "NO_COLOR": "1", "CI": "1"})
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
+                              stdin=subprocess.DEVNULL)
+        return AgentRun(harness, session, proc.returncode, proc.stdout, proc.stderr, str(cwd), argv)
+
+
+@pytest.fixture
+def agents(gateway, tmp_path) -> Agents:
+    return Agents(gateway, tmp_path)
+
+
+@dataclass
+class Processed:
+    sequences: list[dict]  # this session's rows of `sequences`
+    calls: list[dict]  # this session's rows of `calls`
+    report: dict
+
+
+def process_session(gateway, session: str, out_dir) -> Processed:
+    """polar-process over every flow file of the test gateway; only this session's rows are returned."""
+    import polars as pl
+
+    if not os.access(POLAR_PROCESS, os.X_OK):
+        pytest.fail("polar-process is not installed in the venv (run scripts/setup)")
+    if os.path.exists(out_dir):
+        shutil.rmtree(out_dir)
+    proc = subprocess.run([POLAR_PROCESS, gateway.flows_dir, "-o", str(out_dir), "--no-progress", "-q"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"polar-process failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    seqs = pl.read_parquet(os.path.join(out_dir, "sequences.parquet")) if os.path.exists(
+        os.path.join(out_dir, "sequences.parquet")) else None
+    calls = pl.read_parquet(os.path.join(out_dir, "calls.parquet"))
+    with open(os.path.join(out_dir, "report.json")) as fh:
+        report = json.load(fh)
+    return Processed(
+        sequences=seqs.filter(pl.col("session") == session).sort("sequence_id").to_dicts() if seqs is not None else [],
+        calls=calls.filter(pl.col("session") == session).sort("t_start").to_dicts(),
+        report=report)

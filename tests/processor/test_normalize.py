@@ -1,0 +1,40 @@
+"""Scenarios for processor/normalize.py: the calls row comes from upstream_request, never a codec."""
+
+import json
+
+import orjson
+import pytest
+
+from polar.processor.load import InputError
+from polar.processor.normalize import to_call
+from tests.processor.calls import record
+
+pytestmark = pytest.mark.unit
+
+
+def test_1_1_row_carries_messages_tools_and_assistant_as_json():
+    body = orjson.dumps({"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}],
+                         "tool_choice": "required"})
+    c = to_call(record([1, 2], [3, 2], body=body), "f.msgpack", 7)
+    assert json.loads(c.row["messages"]) == [{"role": "user", "content": "hi"}]
+    assert json.loads(c.row["tools"]) == [{"type": "function"}] and c.constrained
+    assert (c.row["prompt_tokens"], c.row["completion_tokens"], c.row["source_offset"]) == (2, 2, 7)
+    assert c.prompt.tolist() == [1, 2] and c.logprobs.tolist() == [-0.5, -0.5]
+
+
+def test_1_2_missing_ids_make_a_call_ineligible_but_kept():
+    c = to_call(record(None, None, finish=None), "f", 0)
+    assert not c.eligible and c.row["prompt_tokens"] is None
+
+
+def test_1_3_logprobs_of_the_wrong_length_count_as_missing():
+    r = record([1], [3, 2])
+    r["completion_logprobs"] = r["completion_logprobs"][:4]
+    assert to_call(r, "f", 0).logprobs is None
+
+
+def test_1_4_token_field_that_is_not_int32_is_an_input_error():
+    r = record([1], [3])
+    r["prompt_token_ids"] = b"\x01\x02\x03"
+    with pytest.raises(InputError, match="offset 5"):
+        to_call(r, "f", 5)

