@@ -307,6 +307,7 @@ class _Call:
             return await self._fail(stage, err)
         # Mid-stream: the protocol's error event; record first, then the last bytes.
         self._error(stage, err, self.responder.status)
+        self.record["provider_status"] = self.responder.status  # what the agent got: the stream's status
         self._write_record()
         if self.encoder is not None:
             for piece in self.encoder.error(err):

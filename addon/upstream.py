@@ -330,4 +330,6 @@ def classify_backend_error(status: int, body: bytes) -> GatewayError:
         return GatewayError("context_overflow", message, 400)
     if 400 <= status < 500 and status not in (401, 403, 404, 408):
         return GatewayError("bad_request", message or f"backend answered {status}", 400)
-    return GatewayError("unavailable", f"backend answered {status}: {message[:500]}", status)
+    # No status override: the provider's own "unavailable" status (529/503) applies to every backend 5xx/401/404
+    # (DESIGN §4 table); the backend's status is kept in the record's error map by the caller.
+    return GatewayError("unavailable", f"backend answered {status}: {message[:500]}")

@@ -167,3 +167,61 @@ def process_session(gateway, session: str, out_dir) -> Processed:
         sequences=seqs.filter(pl.col("session") == session).sort("sequence_id").to_dicts() if seqs is not None else [],
         calls=calls.filter(pl.col("session") == session).sort("t_start").to_dicts(),
         report=report)
+
+
+def session_records(gateway, session: str) -> list[dict]:
+    """This test's records; every one must carry the run's session, attributed by proxy credentials."""
+    records = gateway.records()
+    assert records, "no flow record was written"
+    for r in records:
+        assert (r["session"], r["session_source"]) == (session, "proxy_auth"), \
+            f"record {r['id']} {r['path']}: session {r['session']!r} from {r['session_source']!r}"
+        assert r["error"] is None, f"record {r['id']} {r['path']}: error {r['error']}"
+        assert r["completion_token_ids"] is not None and r["prompt_token_ids"] is not None, r["id"]
+    return records
+
+
+def tool_results_text(body: dict) -> str:
+    """All tool-result text the CLI sent back (chat `tool` messages, as the gateway translated them)."""
+    out = []
+    for m in body.get("messages") or []:
+        if m.get("role") == "tool":
+            c = m.get("content")
+            out.append(c if isinstance(c, str) else json.dumps(c))
+    return "\n".join(out)
+
+
+def check_merge(processed: Processed, script: RoutedScript, n_records: int) -> dict:
+    """The main conversation is one sequence (no break), side calls sit in their own side chains, and the token
+    invariants hold against what the upstream really sent. Returns the main sequence."""
+    import numpy as np
+
+    seqs = processed.sequences
+    assert sum(s["n_calls"] for s in seqs) == n_records == len(processed.calls), \
+        f"{len(seqs)} sequences hold {sum(s['n_calls'] for s in seqs)} calls; {n_records} records"
+    main = [s for s in seqs if "side_chain" not in s["flags"]]
+    side = [s for s in seqs if "side_chain" in s["flags"]]
+    mains = script.main_responses()
+    assert len(main) == 1, [(s["n_calls"], s["flags"], s["break_cause"]) for s in seqs]
+    m = main[0]
+    assert m["n_calls"] == len(mains), (m["n_calls"], len(mains), [(s["n_calls"], s["flags"]) for s in seqs])
+    assert m["break_cause"] is None and "context_mismatch" not in m["flags"], m["flags"]
+    assert sum(s["n_calls"] for s in side) == len(script.side_indices)
+    breaks = [b for b in processed.report.get("breaks", []) if b.get("session") == m["session"]]
+    assert not breaks, breaks
+    # Token invariants against the upstream's truth.
+    ids = np.asarray(m["input_ids"])
+    mask = np.asarray(m["loss_mask"]).astype(bool)
+    assert len(ids) == len(mask) == m["n_tokens"]
+    first = mains[0].prompt_token_ids
+    assert m["prompt_len"] == len(first) and ids[:len(first)].tolist() == first and not mask[:len(first)].any()
+    comps = [t for r in mains for t in r.completion_ids]
+    assert ids[mask].tolist() == comps and m["n_trainable"] == len(comps)
+    assert m["logprobs"] is not None and len(m["logprobs"]) == len(ids)
+    lps = np.asarray(m["logprobs"], dtype=np.float32)
+    assert np.allclose(lps[mask], np.asarray([x for r in mains for x in r.logprobs], dtype=np.float32))
+    assert not lps[~mask].any()
+    # The merged sequence covers the whole last prompt (plus what was sampled after it).
+    last = mains[-1].prompt_token_ids
+    assert len(ids) >= len(last)
+    return m

@@ -1,0 +1,111 @@
+"""Contract fixtures: one backend per parameter — the scripted upstream (`integration`) and a real vLLM (`vllm`) —
+each started ONCE per test session with a recording relay and its own gateway in front:
+
+    SDK --HTTPS_PROXY--> gateway (mitmdump + addon) --> RecordingRelay --> backend
+
+The relay forwards bytes unchanged and keeps what the backend really sent, so every test compares the record and the
+SDK's view against the backend's own bytes, identically for both backends (DESIGN §8).
+
+The real vLLM is `tests/support/vllm_server.shared_vllm("tiny")` (64k context; POLAR_TEST_VLLM_URL reuses a running
+server). The scripted upstream gets the same max_model_len, so context-limit tests ask the same of both.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.support.gateway import GatewayHandle, start_gateway
+from tests.support.recording_relay import Exchange, RecordingRelay
+
+# The tiny model's context (scripts/vllm preset); the scripted stand-in mirrors it.
+TINY_MAX_MODEL_LEN = 65536
+
+
+@dataclass
+class ContractBackend:
+    """A backend under contract: its root URL, the relay in front of it, and the gateway in front of the relay."""
+
+    name: str  # "scripted" | "vllm"
+    root_url: str
+    model: str
+    max_model_len: int
+    relay: RecordingRelay
+    gateway: GatewayHandle
+
+    def _post(self, path: str, body: dict) -> dict:
+        # Straight to the backend (not through the relay): the relay log stays the gateway's traffic only.
+        r = httpx.post(self.root_url + path, json=body, timeout=120, trust_env=False)
+        r.raise_for_status()
+        return r.json()
+
+    def tokenize_chat(self, upstream_request: dict) -> list[int]:
+        """POST /tokenize with the messages, tools and template kwargs the gateway sent upstream."""
+        body = {"model": self.model, "messages": upstream_request["messages"], "add_generation_prompt": True}
+        for key in ("tools", "chat_template_kwargs"):
+            if upstream_request.get(key):
+                body[key] = upstream_request[key]
+        return list(self._post("/tokenize", body)["tokens"])
+
+    def count_text(self, text: str) -> int:
+        return int(self._post("/tokenize", {"model": self.model, "prompt": text})["count"])
+
+    def mark(self) -> int:
+        self.gateway.mark()
+        return self.relay.mark()
+
+    def chat_exchange(self, since: int) -> Exchange:
+        """The one chat call the gateway made since `since`."""
+        chats = self.relay.chats(since)
+        assert len(chats) == 1, [c.path for c in chats]
+        return chats[0]
+
+
+def _scripted(tokenizer_dir: str):
+    from tests.support.scripted_upstream import ScriptedUpstream
+
+    up = ScriptedUpstream(tokenizer_dir, max_model_len=TINY_MAX_MODEL_LEN)
+    up.start()
+    return up.root_url, up.model, up.max_model_len, up.stop
+
+
+def _vllm():
+    from tests.support.vllm_server import shared_vllm
+
+    server = shared_vllm("tiny")  # skips without .venv-vllm; stopped at process exit
+    return server.root_url, server.model, server.max_model_len, lambda: None
+
+
+@pytest.fixture(scope="session", params=[pytest.param("scripted", marks=pytest.mark.integration),
+                                         pytest.param("vllm", marks=pytest.mark.vllm)])
+def contract(request, tokenizer_dir, tmp_path_factory) -> ContractBackend:
+    name = request.param
+    root, model, max_len, stop_backend = _scripted(tokenizer_dir) if name == "scripted" else _vllm()
+    relay = RecordingRelay(root)
+    relay.start()
+    base = tmp_path_factory.mktemp(f"contract-{name}")
+    try:
+        gateway = start_gateway(relay.base_url, str(base / "run"), str(base / "flows"))
+    except Exception:
+        relay.stop()
+        stop_backend()
+        raise
+    backend = ContractBackend(name, root, model, max_len, relay, gateway)
+    yield backend
+    gateway.stop()
+    relay.stop()
+    stop_backend()
+
+
+@pytest.fixture
+def agent_env(contract: ContractBackend, monkeypatch) -> ContractBackend:
+    """The SDKs in this process reach provider hosts through this backend's gateway, like an agent
+    (HTTPS_PROXY with session "contract", SSL_CERT_FILE = system CAs + ours)."""
+    contract.gateway.apply_env(monkeypatch, "contract")
+    for var in ("ANTHROPIC_BASE_URL", "OPENAI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"):
+        monkeypatch.delenv(var, raising=False)
+    assert os.environ["HTTPS_PROXY"].startswith("http://contract:")
+    return contract
