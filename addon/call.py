@@ -281,13 +281,21 @@ class _Call:
                                             forced_tool_choice=self.forced_tool_choice,
                                             call_id_prefix=f"call_{self.p.record_id.replace('-', '')[-12:]}")
         url = f"{self.backend.base_url}/chat/completions"
+        client = self.backend.client
+        # polar_first_byte_timeout bounds everything up to the first chunk, response headers included (a backend
+        # that never sends its status line must not hold the call forever: the client's read timeout is off).
+        deadline = time.monotonic() + self.settings.first_byte_timeout
         try:
-            async with self.backend.client.stream("POST", url, content=upstream_body, headers=extra_headers) as resp:
+            request = client.build_request("POST", url, content=upstream_body, headers=extra_headers)
+            resp = await asyncio.wait_for(client.send(request, stream=True), self.settings.first_byte_timeout)
+            try:
                 if resp.status_code != 200:
-                    body = await asyncio.wait_for(resp.aread(), self.settings.first_byte_timeout)
+                    body = await asyncio.wait_for(resp.aread(), max(deadline - time.monotonic(), 0.001))
                     err = classify_backend_error(resp.status_code, body)
                     return await self._fail("backend_status", err, resp.status_code)
-                return await self._relay(resp, reader, info)
+                return await self._relay(resp, reader, info, deadline)
+            finally:
+                await resp.aclose()
         except httpx.ConnectTimeout as exc:
             self.backend.forget()
             return await self._backend_failure("backend_timeout", f"backend connect timeout: {exc!r}")
@@ -322,7 +330,7 @@ class _Call:
                             prompt_tokens=prompt_tokens, created=int(self.p.t_start))
         self.encoder = self.codec.Encoder(ctx)
 
-    async def _relay(self, resp: httpx.Response, reader: StreamReader, info) -> int:
+    async def _relay(self, resp: httpx.Response, reader: StreamReader, info, deadline: float) -> int:
         codec, plan = self.codec, self.plan
         stream = plan.stream
         chunks = resp.aiter_raw()
@@ -330,7 +338,7 @@ class _Call:
         while True:
             try:
                 if first:
-                    data = await asyncio.wait_for(chunks.__anext__(), self.settings.first_byte_timeout)
+                    data = await asyncio.wait_for(chunks.__anext__(), max(deadline - time.monotonic(), 0.001))
                 else:
                     data = await chunks.__anext__()
             except StopAsyncIteration:

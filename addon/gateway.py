@@ -30,6 +30,21 @@ log = logging.getLogger("polar.gateway")
 READY_HOST = "polar.gateway"  # `curl -x <proxy> http://polar.gateway/ready` — the readiness probe of scripts/proxy
 
 
+NUMBER_OPTIONS = ("polar_connect_timeout", "polar_first_byte_timeout", "polar_max_body_mb", "polar_rotate_mb",
+                  "polar_min_free_mb")
+
+
+def _number(opts, name: str) -> float:
+    """A numeric option's value; positive, except polar_min_free_mb which may be 0 (check off)."""
+    try:
+        value = float(getattr(opts, name))
+    except (TypeError, ValueError):
+        raise exceptions.OptionsError(f"{name} must be a number, not {getattr(opts, name)!r}") from None
+    if value < 0 or (value == 0 and name != "polar_min_free_mb") or value != value:
+        raise exceptions.OptionsError(f"{name} must be positive")
+    return value
+
+
 class PolarGateway:
     def __init__(self) -> None:
         self.hosts = hostlist.parse_hosts(hostlist.DEFAULT_HOSTS)
@@ -53,12 +68,13 @@ class PolarGateway:
                           "Provider hosts to decrypt and answer (exact names, host or host:port).")
         loader.add_option("polar_backend", str, "auto", "Backend kind: auto|vllm|sglang.")
         loader.add_option("polar_upstream_api_key", Optional[str], None, "API key sent to the backend.")
-        loader.add_option("polar_connect_timeout", float, 10.0, "Backend connect timeout, seconds.")
-        loader.add_option("polar_first_byte_timeout", float, 600.0, "Backend first-chunk timeout, seconds.")
-        loader.add_option("polar_max_body_mb", float, 32.0, "Largest agent request body accepted, MB.")
-        loader.add_option("polar_rotate_mb", float, 256.0, "Rotate flow files at this size, MB.")
-        loader.add_option("polar_min_free_mb", float, 512.0,
-                          "Refuse new generations (retryable error) below this much free disk, MB.")
+        # Numbers are str options: mitmproxy's --set cannot parse float options (NotImplementedError at startup).
+        loader.add_option("polar_connect_timeout", str, "10", "Backend connect timeout, seconds.")
+        loader.add_option("polar_first_byte_timeout", str, "600", "Backend first-chunk timeout, seconds.")
+        loader.add_option("polar_max_body_mb", str, "32", "Largest agent request body accepted, MB.")
+        loader.add_option("polar_rotate_mb", str, "256", "Rotate flow files at this size, MB.")
+        loader.add_option("polar_min_free_mb", str, "512",
+                          "Refuse new generations (retryable error) below this much free disk, MB (0: off).")
         loader.add_option("polar_logprobs_mode", str, "raw_logprobs",
                           "What the backend was started with: raw_logprobs|processed_logprobs.")
         loader.add_option("polar_thinking_kwarg", Optional[str], None,
@@ -111,9 +127,7 @@ class PolarGateway:
             raise exceptions.OptionsError("polar_logprobs_mode must be raw_logprobs or processed_logprobs")
         if "polar_upstream" in updated and not opts.polar_upstream.rstrip("/").endswith("/v1"):
             raise exceptions.OptionsError("polar_upstream must be an OpenAI base URL ending in /v1")
-        for name in ("polar_connect_timeout", "polar_first_byte_timeout", "polar_max_body_mb", "polar_rotate_mb"):
-            if name in updated and getattr(opts, name) <= 0:
-                raise exceptions.OptionsError(f"{name} must be positive")
+        num = {name: _number(opts, name) for name in NUMBER_OPTIONS}
         if "polar_exact" in updated and opts.polar_exact:
             raise exceptions.OptionsError("polar_exact: the exact on-policy mode is not available in this version")
         try:
@@ -121,9 +135,9 @@ class PolarGateway:
         except ValueError as exc:
             raise exceptions.OptionsError(f"polar_sampling_override: {exc}") from exc
         self.settings = CallSettings(
-            max_body_bytes=int(opts.polar_max_body_mb * 1024 * 1024),
-            connect_timeout=opts.polar_connect_timeout,
-            first_byte_timeout=opts.polar_first_byte_timeout,
+            max_body_bytes=int(num["polar_max_body_mb"] * 1024 * 1024),
+            connect_timeout=num["polar_connect_timeout"],
+            first_byte_timeout=num["polar_first_byte_timeout"],
             logprobs_mode=opts.polar_logprobs_mode,
             thinking_kwarg=opts.polar_thinking_kwarg,
             sampling_override=override,
@@ -131,12 +145,12 @@ class PolarGateway:
         if updated & {"polar_flows", "polar_rotate_mb", "polar_min_free_mb"} or self.writer is None:
             if self.writer is not None:
                 self.writer.close()
-            self.writer = FlowWriter(opts.polar_flows, opts.polar_rotate_mb, opts.polar_min_free_mb)
+            self.writer = FlowWriter(opts.polar_flows, num["polar_rotate_mb"], num["polar_min_free_mb"])
         if updated & {"polar_upstream", "polar_model", "polar_backend", "polar_upstream_api_key",
                       "polar_connect_timeout"} or self.backend is None:
             old = self.backend
             self.backend = Backend(opts.polar_upstream, opts.polar_model, opts.polar_backend,
-                                   opts.polar_upstream_api_key, opts.polar_connect_timeout)
+                                   opts.polar_upstream_api_key, num["polar_connect_timeout"])
             if old is not None:
                 asyncio.get_event_loop().create_task(old.close())
 

@@ -1,0 +1,130 @@
+"""The record schema, the writer's file rules and the reader's torn-tail reports (DESIGN §5)."""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import pytest
+
+from polar.addon import record as rec
+
+pytestmark = pytest.mark.unit
+
+
+def make(i=0, **extra):
+    r = {"v": 1, "id": rec.uuid7(), "session": f"s{i}", "prompt_token_ids": rec.pack_ids([1, 2, 3 + i]),
+         "completion_token_ids": rec.pack_ids([]), "completion_logprobs": rec.pack_floats([])}
+    r.update(extra)
+    return r
+
+
+def test_1_1_token_arrays_are_int32_and_float32_little_endian():
+    assert rec.pack_ids([1, -2, 2**31 - 1]) == b"\x01\x00\x00\x00\xfe\xff\xff\xff\xff\xff\xff\x7f"
+    assert rec.unpack_ids(rec.pack_ids([5, 6])) == [5, 6]
+    assert rec.pack_ids(None) is None and rec.pack_ids([]) == b""
+    assert rec.unpack_floats(rec.pack_floats([-0.5, 0.0])) == [-0.5, 0.0]
+
+
+def test_1_2_uuid7_is_version_7_and_time_ordered():
+    a = rec.uuid7()
+    import time
+    time.sleep(0.002)
+    b = rec.uuid7()
+    assert a[14] == "7" and b[14] == "7" and a < b
+
+
+def test_1_3_reader_fills_missing_fields_keeps_unknown_ones_and_refuses_newer_versions(tmp_path):
+    r = rec.normalize({"v": 1, "id": "x", "future_field": 42})
+    assert r["future_field"] == 42 and r["session"] is None and set(rec.FIELDS) <= set(r)
+    with pytest.raises(rec.SchemaError, match="newer"):
+        rec.normalize({"v": rec.VERSION + 1})
+    with pytest.raises(rec.SchemaError):
+        rec.normalize({"id": "no version"})
+
+
+def test_2_1_writer_names_files_per_process_and_renames_on_close(tmp_path):
+    w = rec.FlowWriter(str(tmp_path), rotate_mb=64, min_free_mb=0)
+    path = w.write(make())
+    name = os.path.basename(path)
+    assert name.startswith("flows-") and name.endswith(".msgpack.open") and f"-{os.getpid()}-0001" in name
+    w.close()
+    assert os.listdir(tmp_path) == [name[: -len(".open")]]
+
+
+def test_2_2_rotation_closes_full_files(tmp_path):
+    w = rec.FlowWriter(str(tmp_path), rotate_mb=200 / (1024 * 1024), min_free_mb=0)
+    for i in range(10):
+        w.write(make(i))
+    w.close()
+    files = rec.expand_inputs([str(tmp_path)])
+    assert len(files) > 1 and all(f.endswith(".msgpack") for f in files)
+    records = [r for f in files for _, r in rec.iter_file(f)]
+    assert [r["session"] for r in records] == [f"s{i}" for i in range(10)]
+
+
+def test_2_3_a_short_write_is_cut_back_and_the_writer_moves_to_a_new_file(tmp_path, monkeypatch):
+    w = rec.FlowWriter(str(tmp_path), min_free_mb=0)
+    first = w.write(make(0))
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, data[:5]))
+    with pytest.raises(OSError, match="short write"):
+        w.write(make(1))
+    monkeypatch.setattr(os, "write", real_write)
+    second = w.write(make(2))
+    w.close()
+    assert os.path.basename(second) != os.path.basename(first)
+    scans = []
+    sessions = []
+    for f in rec.expand_inputs([str(tmp_path)]):
+        scan = rec.FileScan(f)
+        sessions += [r["session"] for _, r in rec.iter_file(f, scan)]
+        scans.append(scan)
+    assert sessions == ["s0", "s2"] and all(s.torn_tail is None for s in scans)
+
+
+def test_2_4_low_disk_space_refuses(tmp_path):
+    w = rec.FlowWriter(str(tmp_path), min_free_mb=1e12)
+    with pytest.raises(rec.LowDiskSpace):
+        w.check_space()
+    rec.FlowWriter(str(tmp_path), min_free_mb=0).check_space()
+
+
+def test_3_1_torn_tail_is_in_progress_in_open_files_and_an_error_in_closed_ones(tmp_path):
+    blob = rec.pack(make(0)) + rec.pack(make(1))[:-3]
+    for name, in_progress in (("flows-a.msgpack.open", True), ("flows-b.msgpack", False)):
+        path = tmp_path / name
+        path.write_bytes(blob)
+        scan = rec.FileScan(str(path))
+        got = list(rec.iter_file(str(path), scan))
+        assert len(got) == 1 and got[0][0] == 0
+        assert scan.torn_tail is not None and scan.torn_tail.in_progress is in_progress
+        assert scan.torn_tail.offset == len(rec.pack(make(0)))
+
+
+def test_3_2_read_at_offset_and_expand_inputs(tmp_path):
+    w = rec.FlowWriter(str(tmp_path / "d"), min_free_mb=0)
+    for i in range(3):
+        w.write(make(i))
+    w.close()
+    [path] = rec.expand_inputs([str(tmp_path / "d" / "*.msgpack")])
+    offsets = [off for off, _ in rec.iter_file(path)]
+    assert rec.read_at(path, offsets[2])["session"] == "s2"
+    with pytest.raises(FileNotFoundError):
+        rec.expand_inputs([str(tmp_path / "missing")])
+
+
+def test_3_3_inspector_prints_records_and_reports_torn_tails(tmp_path, capsys):
+    path = tmp_path / "flows-x.msgpack.open"
+    path.write_bytes(rec.pack(make(0)) + b"\x85\xa1")
+    assert rec.main([str(path)]) == 0
+    out = capsys.readouterr()
+    assert '"session": "s0"' in out.out and "3 ids" in out.out and "in progress" in out.err
+
+
+def test_3_4_garbage_is_reported_not_raised(tmp_path):
+    path = tmp_path / "flows-g.msgpack"
+    path.write_bytes(rec.pack(make(0)) + msgpack.packb([1, 2]) + b"\xc1\xc1")
+    scan = rec.FileScan(str(path))
+    list(rec.iter_file(str(path), scan, raw=True))
+    assert scan.torn_tail is not None or scan.errors
