@@ -14,6 +14,10 @@ from .upstream import BackendInfo
 log = logging.getLogger("polar.backend")
 
 
+class BackendTimeout(GatewayError):
+    """The backend did not answer in time (connect or read): the record's stage is backend_timeout."""
+
+
 class Backend:
     def __init__(self, base_url: str, model: str | None, kind: str, api_key: str | None, connect_timeout: float):
         self.base_url = base_url.rstrip("/")
@@ -51,7 +55,7 @@ class Backend:
         try:
             resp = await self.client.get(url, timeout=httpx.Timeout(10.0, connect=self.client.timeout.connect))
         except httpx.TimeoutException as exc:
-            raise GatewayError("unavailable", f"backend {url} timed out: {exc!r}") from exc
+            raise BackendTimeout("unavailable", f"backend {url} timed out: {exc!r}") from exc
         except httpx.HTTPError as exc:
             raise GatewayError("unavailable", f"backend {url} unreachable: {exc!r}") from exc
         if resp.status_code != 200:

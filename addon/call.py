@@ -17,7 +17,7 @@ import orjson
 
 from . import record as rec
 from . import sessions
-from .backend import Backend
+from .backend import Backend, BackendTimeout
 from .codecs import ROUTERS, find_route
 from .codecs.base import EncodeContext, GatewayError
 from .endpoint import ClientGone, Responder
@@ -35,6 +35,7 @@ class CallSettings:
     logprobs_mode: str
     thinking_kwarg: str | None
     sampling_override: dict
+    exact: object = None  # exact.ExactMode when polar_exact is on
 
 
 @dataclass
@@ -119,6 +120,8 @@ class _Call:
         self.reader: StreamReader | None = None
         self.encoder = None
         self.recorded = False
+        self.record_error: OSError | None = None
+        self.exact_turn = None  # exact.ExactTurn when polar_exact is on
 
     # ---------------------------------------------------------------------------------------------- record
 
@@ -148,10 +151,23 @@ class _Call:
             if rd.model:
                 r["model_served"] = rd.model
         try:
+            if self.exact_turn is not None:
+                self.settings.exact.finish(self.exact_turn, r, self.reader.prompt_token_ids if self.reader else None)
             self.writer.write(r)
+            if self.exact_turn is not None and self.reader is not None:
+                self.settings.exact.commit(self.exact_turn, r, self.reader.prompt_token_ids,
+                                           self.reader.completion_token_ids, r["assistant"])
         except OSError as exc:
-            # Nothing else can be done for this record; the writer has already moved to a new file.
+            # The writer has already cut the file back and moved to a new one. The caller must not send a
+            # successful ending after this (no generation goes unrecorded): see _check_recorded.
             log.error("polar: could not write record %s: %s", r["id"], exc)
+            self.record_error = exc
+
+    def _check_recorded(self) -> None:
+        """Raise when the record could not be written: run() then answers with the protocol's error instead of a
+        successful ending (stage `record`), so the agent retries rather than keep an answer nobody recorded."""
+        if self.record_error is not None:
+            raise RuntimeError(f"the flow record could not be written: {self.record_error}")
 
     # ---------------------------------------------------------------------------------------------- flow
 
@@ -171,7 +187,12 @@ class _Call:
                 if not self.responder.started:
                     status = await _send_error(self.responder, self.codec, err)
                 elif self.encoder is not None and not self.responder.finished:
-                    for piece in self.encoder.error(err):
+                    pieces = self.encoder.error(err)
+                    if not pieces:
+                        # The encoder has already ended its stream (e.g. the record failed after finish()):
+                        # cut the connection rather than end a body that would read as a complete answer.
+                        self.responder.abort()
+                    for piece in pieces:
                         await self.responder.send(piece)
                     await self.responder.end()
             except ClientGone:
@@ -214,6 +235,10 @@ class _Call:
         except GatewayError as err:
             return await self._fail("agent_input", err)
         self.plan = plan
+        try:
+            orjson.dumps(plan.chat)  # orjson refuses nesting deeper than 255 levels, which loads() accepts
+        except orjson.JSONEncodeError as exc:
+            return await self._fail("agent_input", GatewayError("bad_request", f"request cannot be forwarded: {exc}"))
         self.record["stream"] = plan.stream
         self.record["model_requested"] = plan.model_requested or self.route.model
         self.record["normalizations"] = list(plan.normalizations)
@@ -235,18 +260,25 @@ class _Call:
             info = await self.backend.info()
         except GatewayError as err:
             self.backend.forget()
-            return await self._fail("backend_connect", err)
+            return await self._fail("backend_timeout" if isinstance(err, BackendTimeout) else "backend_connect", err)
         self.record["model_served"] = info.model
         self.record["backend"] = {"kind": info.kind, "version": info.version, "system_fingerprint": None}
 
         prompt_len = None
         requested = plan.chat.get("max_tokens")
         if info.max_model_len and requested is not None:
-            if requested + prompt_size_bound(plan.chat) > info.max_model_len:
+            bound = prompt_size_bound(plan.chat)
+            if requested + bound > info.max_model_len:
                 try:
                     prompt_len = await self.backend.tokenize(plan.chat, info.model)
                 except GatewayError as err:
-                    return await self._fail("backend_status" if err.kind != "unavailable" else "backend_connect", err)
+                    if not (info.kind == "sglang" and err.status is not None and bound < info.max_model_len):
+                        return await self._fail("backend_status" if err.kind != "unavailable" else "backend_connect",
+                                                err)
+                    # SGLang's /tokenize counts text, not chat messages: clamp against the prompt's upper bound
+                    # (every token is at least one byte), which always fits; a short budget beats a 400.
+                    prompt_len = bound
+                    self.record["normalizations"].append("prompt_len_upper_bound")
                 if prompt_len >= info.max_model_len:
                     return await self._fail("agent_input", GatewayError(
                         "context_overflow",
@@ -259,6 +291,9 @@ class _Call:
         self.record["normalizations"].extend(shaped.normalizations)
         self.record["sampling"] = shaped.sampling
         self.forced_tool_choice = shaped.body.get("tool_choice")
+        if self.settings.exact is not None:
+            # Exact on-policy mode: the spliced prompt ids go into shaped.body (or the record says why not).
+            self.exact_turn = await self.settings.exact.prepare(self.backend, info, shaped, self.record["session"])
         upstream_body = orjson.dumps(shaped.body)
         self.record["upstream_request"] = upstream_body
         return await self._generate(info, upstream_body, shaped.headers)
@@ -335,6 +370,7 @@ class _Call:
         stream = plan.stream
         chunks = resp.aiter_raw()
         first = True
+        pending: list[bytes] = []
         while True:
             try:
                 if first:
@@ -353,12 +389,15 @@ class _Call:
                     await self.responder.start(200, [("content-type", content_type),
                                                      ("cache-control", "no-cache")])
                     self.record["t_first_byte"] = time.time()
-                    for piece in self.encoder.start():
-                        await self.responder.send(piece)
+                    pending = list(self.encoder.start())
             if stream:
+                # Everything one backend read produced leaves in one write: as live as the backend, fewer segments
+                # for mitmproxy to relay.
                 for d in deltas:
-                    for piece in self.encoder.delta(d):
-                        await self.responder.send(piece)
+                    pending.extend(self.encoder.delta(d))
+                if pending:
+                    await self.responder.send(b"".join(pending))
+                    pending = []
             if reader.done:
                 break
         if reader.finish_reason is None:
@@ -376,17 +415,35 @@ class _Call:
             self.record["normalizations"].extend(getattr(self.encoder, "notes", ()))
             self.record["provider_status"] = 200
             self._write_record()
-            for piece in pieces:
-                await self.responder.send(piece)
+            self._check_recorded()
+            if pieces:
+                await self.responder.send(b"".join(pieces))
             await self.responder.end()
+            await _drain(chunks)
             return 200
         body = orjson.dumps(self.encoder.response(completion))
         self.record["normalizations"].extend(getattr(self.encoder, "notes", ()))
         self.record["provider_status"] = 200
         self.record["t_first_byte"] = time.time()
         self._write_record()
+        self._check_recorded()
         await self.responder.respond(200, _json_headers(codec), body)
+        await _drain(chunks)
         return 200
+
+
+async def _drain(chunks) -> None:
+    """After [DONE], read the backend response to its end (normally already buffered), after the agent has its
+    answer: only a fully read response returns its connection to the pool; otherwise every call dials the backend."""
+    try:
+        await asyncio.wait_for(_exhaust(chunks), 1.0)
+    except Exception:  # noqa: BLE001 — a backend that keeps the stream open or breaks now only loses the connection
+        pass
+
+
+async def _exhaust(chunks) -> None:
+    async for _ in chunks:
+        pass
 
 
 __all__ = ["CallSettings", "PendingCall", "handle_call", "strip_key_param", "ROUTERS"]

@@ -60,10 +60,30 @@ class Responder:
             self.finished = True
             await self._write(h11.EndOfMessage())
 
+    def abort(self) -> None:
+        """Close the connection without ending the body: the client sees a cut stream, never a complete answer."""
+        self.finished = True
+        self._writer.close()
+
     async def respond(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:
-        await self.start(status, headers, len(body))
-        await self.send(body)
-        await self.end()
+        """A whole response in one write (one segment for mitmproxy to read, one drain)."""
+        hdrs = [(k.encode(), v.encode()) for k, v in headers]
+        hdrs.append((b"content-length", str(len(body)).encode()))
+        self.started = True
+        self.status = status
+        self.finished = True
+        conn = self._conn
+        data = conn.send(h11.Response(status_code=status, headers=hdrs))
+        if body:
+            data += conn.send(h11.Data(data=body))
+        data += conn.send(h11.EndOfMessage())
+        if self._writer.is_closing():
+            raise ClientGone("connection closed")
+        self._writer.write(data)
+        try:
+            await self._writer.drain()
+        except (ConnectionError, OSError) as exc:
+            raise ClientGone(str(exc)) from exc
 
 
 Handler = Callable[[str, str, list[tuple[bytes, bytes]], bytes, Responder], Awaitable[None]]

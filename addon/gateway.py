@@ -22,6 +22,7 @@ from . import sessions
 from .backend import Backend
 from .call import CallSettings, PendingCall, handle_call, strip_key_param
 from .endpoint import Endpoint, Responder
+from .exact import ExactMode, TurnCache
 from .record import FlowWriter, uuid7
 from .upstream import parse_sampling_override
 
@@ -55,6 +56,7 @@ class PolarGateway:
         self.backend: Backend | None = None
         self.settings: CallSettings | None = None
         self._loopback_forced = False
+        self.exact: ExactMode | None = None
 
     # ------------------------------------------------------------------------------------------------ options
 
@@ -81,7 +83,10 @@ class PolarGateway:
                           "chat_template_kwargs key for thinking on/off (unset: thinking controls are not mapped).")
         loader.add_option("polar_sampling_override", Optional[str], None,
                           "Sampling applied to every generation, e.g. temperature=1.6,top_p=1.0.")
-        loader.add_option("polar_exact", bool, False, "Exact on-policy mode (not available yet).")
+        loader.add_option("polar_exact", bool, False,
+                          "Exact on-policy mode: splice the sampled ids into the next prompt (vLLM 0.30+).")
+        loader.add_option("polar_exact_cache_mb", str, "512",
+                          "Exact mode: memory bound of the per-session turn cache, MB.")
         self._bind_loopback()
 
     def _bind_loopback(self) -> None:
@@ -128,8 +133,15 @@ class PolarGateway:
         if "polar_upstream" in updated and not opts.polar_upstream.rstrip("/").endswith("/v1"):
             raise exceptions.OptionsError("polar_upstream must be an OpenAI base URL ending in /v1")
         num = {name: _number(opts, name) for name in NUMBER_OPTIONS}
-        if "polar_exact" in updated and opts.polar_exact:
-            raise exceptions.OptionsError("polar_exact: the exact on-policy mode is not available in this version")
+        if opts.polar_exact:
+            try:
+                cache_mb = float(opts.polar_exact_cache_mb)
+            except ValueError:
+                raise exceptions.OptionsError("polar_exact_cache_mb must be a number") from None
+            if self.exact is None or "polar_exact_cache_mb" in updated:
+                self.exact = ExactMode(TurnCache(max_bytes=int(cache_mb * 1024 * 1024)))
+        else:
+            self.exact = None
         try:
             override = parse_sampling_override(opts.polar_sampling_override)
         except ValueError as exc:
@@ -141,6 +153,7 @@ class PolarGateway:
             logprobs_mode=opts.polar_logprobs_mode,
             thinking_kwarg=opts.polar_thinking_kwarg,
             sampling_override=override,
+            exact=self.exact,
         )
         if updated & {"polar_flows", "polar_rotate_mb", "polar_min_free_mb"} or self.writer is None:
             if self.writer is not None:

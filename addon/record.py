@@ -47,6 +47,8 @@ FIELDS = (
     "model_requested", "model_served", "prompt_token_ids", "completion_token_ids", "completion_logprobs",
     "finish_reason", "stop_reason", "usage", "provider_status", "provider_stop_reason", "assistant",
     "sampling", "backend", "weight_versions", "normalizations", "error",
+    # exact mode (polar_exact): its per-call report, and the compact prompt form (PromptResolver rebuilds it)
+    "exact", "prompt_ref", "prompt_tail_ids",
 )
 
 # Headers whose values never reach disk or the backend.
@@ -164,10 +166,15 @@ class FileScan:
     errors: list[str] = field(default_factory=list)
 
 
-def iter_file(path: str, scan: FileScan | None = None, raw: bool = False) -> Iterator[tuple[int, dict]]:
+def iter_file(path: str, scan: FileScan | None = None, raw: bool = False,
+              resolver: "PromptResolver | None" = None) -> Iterator[tuple[int, dict]]:
     """Yield (offset, record) for every whole record in `path`. A torn tail is reported in `scan`, never raised.
 
-    raw=True skips normalize() (for index passes that only read a few fields)."""
+    Compact prompts (`prompt_ref`) are rebuilt from records earlier in the file, or earlier in any file that went
+    through the same `resolver` (see `iter_files`). raw=True skips normalize() and this rebuilding (for index
+    passes that only read a few fields)."""
+    if resolver is None and not raw:
+        resolver = PromptResolver()
     scan = scan if scan is not None else FileScan(path)
     scan.is_open = path.endswith(".open")
     with open(path, "rb") as fh:
@@ -186,7 +193,7 @@ def iter_file(path: str, scan: FileScan | None = None, raw: bool = False) -> Ite
             return
         end = unpacker.tell()
         scan.records += 1
-        yield offset, (obj if raw else normalize(obj))
+        yield offset, (obj if raw else resolver.resolve(normalize(obj)))
         offset = end
     if offset < len(data):
         scan.torn_tail = TornTail(path, offset, len(data) - offset, scan.is_open)
@@ -215,6 +222,63 @@ def expand_inputs(inputs: Iterable[str]) -> list[str]:
         else:
             raise FileNotFoundError(f"no such flow file or directory: {item}")
     return sorted(found, key=lambda p: (os.path.basename(p), p))
+
+
+class PromptResolver:
+    """Rebuilds `prompt_token_ids` of records written in DESIGN §5's compact form: `prompt_ref` {id, len} +
+    `prompt_tail_ids` means the referenced record's prompt + completion cut to `len`, then the tail.
+
+    Feed records in file order (a referenced record is always older: same session, earlier start): `resolve(r)`
+    fills r["prompt_token_ids"] when the referenced record was seen, then remembers r. Memory is bounded by
+    `max_bytes` of remembered ids (oldest forgotten first); an unresolvable record keeps `prompt_token_ids` nil and
+    is counted in `unresolved` (the processor then leaves it out of sequences, DESIGN §6 rule 1)."""
+
+    def __init__(self, max_bytes: int = 1 << 30):
+        self.max_bytes = max_bytes
+        self._seen: dict[str, tuple[bytes, bytes]] = {}
+        self._bytes = 0
+        self.unresolved: list[str] = []
+
+    def resolve(self, record: dict) -> dict:
+        ref = record.get("prompt_ref")
+        if record.get("prompt_token_ids") is None and isinstance(ref, dict):
+            parent = self._seen.get(str(ref.get("id")))
+            cut = ref.get("len")
+            tail = record.get("prompt_tail_ids")
+            if parent is not None and isinstance(cut, int) and isinstance(tail, bytes) \
+                    and 0 <= cut <= (len(parent[0]) + len(parent[1])) // 4:
+                record["prompt_token_ids"] = (parent[0] + parent[1])[: 4 * cut] + tail
+            else:
+                self.unresolved.append(str(record.get("id")))
+        self.remember(record)
+        return record
+
+    def remember(self, record: dict) -> None:
+        prompt, completion = record.get("prompt_token_ids"), record.get("completion_token_ids")
+        rid = record.get("id")
+        if not isinstance(prompt, bytes) or not isinstance(rid, str):
+            return
+        completion = completion if isinstance(completion, bytes) else b""
+        old = self._seen.pop(rid, None)
+        if old is not None:
+            self._bytes -= len(old[0]) + len(old[1])
+        self._seen[rid] = (prompt, completion)
+        self._bytes += len(prompt) + len(completion)
+        while self._bytes > self.max_bytes and len(self._seen) > 1:
+            first = next(iter(self._seen))
+            p, c = self._seen.pop(first)
+            self._bytes -= len(p) + len(c)
+
+
+def iter_files(paths: Iterable[str], scans: list[FileScan] | None = None) -> Iterator[tuple[str, int, dict]]:
+    """Yield (path, offset, record) over several files in order, rebuilding compact prompts across files."""
+    resolver = PromptResolver()
+    for path in paths:
+        scan = FileScan(path)
+        if scans is not None:
+            scans.append(scan)
+        for offset, record in iter_file(path, scan, resolver=resolver):
+            yield path, offset, record
 
 
 def token_ids(record: dict, name: str) -> list[int] | None:

@@ -152,14 +152,15 @@ class StreamReader:
 
     def feed(self, data: bytes) -> list[Delta]:
         """Parse whole SSE events out of `data`; raise GatewayError on an error event or garbage."""
-        self._buf += data
+        if b"\n" not in data:
+            self._buf += data
+            return []
+        # One split per read (not one copy of the rest of the buffer per line): a read may hold a whole stream.
+        lines = (self._buf + data).split(b"\n")
+        self._buf = lines.pop()
         out: list[Delta] = []
-        while True:
-            idx = self._buf.find(b"\n")
-            if idx < 0:
-                break
-            line = self._buf[:idx].rstrip(b"\r")
-            self._buf = self._buf[idx + 1:]
+        for line in lines:
+            line = line.rstrip(b"\r")
             if not line or line.startswith(b":") or line.startswith(b"event:"):
                 continue
             if not line.startswith(b"data:"):

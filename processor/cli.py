@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 
 from polar.processor import pipeline
@@ -38,8 +39,20 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--side-chains", choices=("include", "zero", "exclude"), default="include")
     p.add_argument("--on-mismatch", choices=("merge", "split"), default="merge")
     p.add_argument("--overwrite", action="store_true", help="replace outputs in a non-empty OUT")
-    p.add_argument("--incremental", action="store_true", help="(not yet available)")
-    p.add_argument("--engine", choices=("local", "ray"), default="local")
+    p.add_argument("--incremental", action="store_true", help=(
+        "continue the run whose manifest.json is in OUT: read only closed flow files (*.msgpack) it does not list "
+        "(.open files wait until closed); rebuild whole every session with a record in a new file, carry the "
+        "others over; recompute every reward and advantage, re-pack batches/, rewrite sft.jsonl and the report. "
+        "Same outputs as a full run over the same closed files. Options that decide the merge must match the "
+        "manifest's (else exit 2: use --overwrite)"))
+    p.add_argument("--engine", choices=("local", "ray"), default="local",
+                   help="local: this process; ray: the index pass and the per-session merge as Ray tasks "
+                        "(pip install 'polar-gateway[ray]'), same outputs")
+    p.add_argument("--ray-address", metavar="ADDR",
+                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray on this machine); the flow "
+                        "files must be readable at the same paths on every node")
+    p.add_argument("--ray-partitions", type=_positive_int, metavar="N",
+                   help="session partitions (stable hash), one Ray task each; default 4 × the cluster's CPUs")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary")
@@ -49,15 +62,19 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     err = lambda msg: print(f"polar-process: error: {msg}", file=sys.stderr) or 2  # noqa: E731
-    if args.engine == "ray":
-        return err("--engine ray is not yet available in this version; use --engine local")
-    if args.incremental:
-        return err("--incremental is not yet available in this version; process into an empty OUT or --overwrite")
+    if args.engine == "ray" and importlib.util.find_spec("ray") is None:
+        return err("--engine ray needs Ray, which is not installed: pip install 'polar-gateway[ray]' "
+                   "(or use --engine local)")
+    if args.engine != "ray" and (args.ray_address or args.ray_partitions):
+        return err("--ray-address and --ray-partitions need --engine ray")
+    if args.incremental and args.overwrite:
+        return err("--incremental and --overwrite exclude each other (--overwrite starts over)")
     opts = pipeline.Options(
         inputs=tuple(args.flows), out=args.out, mode=args.mode, eot_token_ids=tuple(args.eot_token_id),
         tokenizers=tuple(args.tokenizer), rewards=args.rewards, max_batch_tokens=args.max_batch_tokens,
         sft_min_reward=args.sft_min_reward, side_chains=args.side_chains, on_mismatch=args.on_mismatch,
-        overwrite=args.overwrite)
+        overwrite=args.overwrite, incremental=args.incremental, engine=args.engine, ray_address=args.ray_address,
+        ray_partitions=args.ray_partitions)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         report = pipeline.process(opts, pipeline.Progress(show and not args.quiet))

@@ -179,8 +179,10 @@ class RecordSource:
             raise InputError(f"{self.files[entry.file]} offset {entry.offset}: {exc}") from exc
 
     def load(self, entries: list[IndexEntry]) -> list[tuple[IndexEntry, dict]]:
-        """One session's records, in the entries' order."""
-        return [(e, self.read(e)) for e in entries]
+        """One session's records, in the entries' order. Compact prompts (exact mode's `prompt_ref`) are rebuilt
+        here: a referenced record is in the same session and started earlier, so it was read first."""
+        resolver = rec.PromptResolver()
+        return [(e, resolver.resolve(self.read(e))) for e in entries]
 
     def close(self) -> None:
         for fd in self._fds.values():

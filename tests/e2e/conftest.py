@@ -25,10 +25,20 @@ NPM_BIN = os.path.join(os.environ.get("POLAR_NPM_DIR") or os.path.join(ROOT, ".c
 BINARIES = {"claude-code": "claude", "codex": "codex", "gemini-cli": "gemini", "qwen-code": "qwen", "pi": "pi"}
 RUN_AGENT = os.path.join(ROOT, "scripts", "run-agent")
 POLAR_PROCESS = os.path.join(os.path.dirname(sys.executable), "polar-process")
-# A command whose output is not in its text: seeing "polar-42" in a tool result proves the CLI really ran it.
-SHELL_COMMAND = "echo polar-$((6*7))"
+# A command whose output is not in its text: seeing "polar-42" in a tool result proves the CLI really ran it (no
+# `$(( ))`: Gemini CLI blocks anything that looks like command substitution).
+SHELL_COMMAND = "printf 'polar-%d\\n' 42"
 SHELL_OUTPUT = "polar-42"
 CLI_TIMEOUT = 180
+TOOL_TURNS = 3  # tool calls per multi-turn session, then a final answer: 4 main calls that must merge into one
+
+
+def tool_turn(name: str, arguments: dict):
+    """A model turn that thinks, then calls one tool. The reasoning matters: with the qwen3 reasoning parser on,
+    vLLM runs the tool parser only once reasoning has ended, so a first-turn call without it streams as text."""
+    from tests.support.scripted_upstream import Reply
+
+    return Reply(reasoning="I will run the command.", tool_calls=[(name, arguments)])
 
 
 def require_cli(harness: str) -> str:
@@ -38,21 +48,45 @@ def require_cli(harness: str) -> str:
     return path
 
 
-def is_side_call(body: dict) -> bool:
-    """A request that is not the main conversation: structured output (Claude's title call, Gemini's router) or a
-    call with no tools at all (Qwen's extra calls); the main conversation of every harness carries its tools."""
-    return bool(body.get("response_format")) or not body.get("tools")
+def tool_names(body: dict) -> frozenset[str]:
+    return frozenset((t.get("function") or {}).get("name") for t in body.get("tools") or [])
+
+
+def script_tool_session(script: "RoutedScript", name: str, arguments: dict, final: str) -> None:
+    """TOOL_TURNS turns that call the harness's shell tool, then a final text answer."""
+    from tests.support.scripted_upstream import Reply
+
+    script(*[tool_turn(name, arguments) for _ in range(TOOL_TURNS)], Reply(text=final))
+
+
+def check_tool_session(script: "RoutedScript") -> None:
+    """The CLI ran the command each time and sent every result back (the output is not in the command's text)."""
+    bodies = script.main_requests()
+    assert len(bodies) == TOOL_TURNS + 1, len(bodies)
+    for k, body in enumerate(bodies[1:], start=1):
+        assert tool_results_text(body).count(SHELL_OUTPUT) == k, (k, tool_results_text(body)[-2000:])
 
 
 class RoutedScript:
-    """Replies for main-conversation requests, in order; side calls get the upstream's default reply."""
+    """Replies for main-conversation requests, in order; side calls get the upstream's default reply.
+
+    The main conversation is the first request with tools and no structured output; later requests belong to it
+    when they carry the same tool set. Side calls: structured output (Claude's title call, Gemini's router), no
+    tools, or another tool set (Qwen's memory extractor runs a read-only sub-agent with 7 tools)."""
 
     def __init__(self, upstream):
         self.upstream = upstream
         self.queue: list = []
         self.main_indices: list[int] = []  # indices into upstream.responses
         self.side_indices: list[int] = []
-        self._orig = type(upstream)._next_reply
+        self.main_tools: frozenset[str] | None = None
+
+    def is_side_call(self, body: dict) -> bool:
+        if body.get("response_format") or not body.get("tools"):
+            return True
+        if self.main_tools is None:
+            self.main_tools = tool_names(body)
+        return tool_names(body) != self.main_tools
 
     def __call__(self, *replies) -> None:
         for r in replies:
@@ -64,7 +98,7 @@ class RoutedScript:
         up = self.upstream
         with up._lock:
             index = len(up.responses)  # the response about to be appended for this request
-            if is_side_call(body):
+            if self.is_side_call(body):
                 self.side_indices.append(index)
                 return up._default_reply(body, prompt_ids), False
             self.main_indices.append(index)
@@ -74,6 +108,12 @@ class RoutedScript:
 
     def main_responses(self):
         return [self.upstream.responses[i] for i in self.main_indices]
+
+    def side_responses(self):
+        return [self.upstream.responses[i] for i in self.side_indices]
+
+    def request_body(self, response) -> dict:
+        return self.upstream.requests[response.request_index].body
 
     def main_requests(self):
         return [self.upstream.requests[self.upstream.responses[i].request_index].body for i in self.main_indices]
@@ -177,7 +217,9 @@ def session_records(gateway, session: str) -> list[dict]:
         assert (r["session"], r["session_source"]) == (session, "proxy_auth"), \
             f"record {r['id']} {r['path']}: session {r['session']!r} from {r['session_source']!r}"
         assert r["error"] is None, f"record {r['id']} {r['path']}: error {r['error']}"
-        assert r["completion_token_ids"] is not None and r["prompt_token_ids"] is not None, r["id"]
+        assert r["completion_token_ids"] is not None and r["completion_logprobs"] is not None, r["id"]
+        assert r["prompt_token_ids"] is not None or r.get("prompt_ref"), r["id"]  # full or compact (DESIGN §5)
+        assert r["finish_reason"] is not None and r["usage"], r["id"]
     return records
 
 
@@ -224,4 +266,9 @@ def check_merge(processed: Processed, script: RoutedScript, n_records: int) -> d
     # The merged sequence covers the whole last prompt (plus what was sampled after it).
     last = mains[-1].prompt_token_ids
     assert len(ids) >= len(last)
+    if os.environ.get("POLAR_E2E_MEASURE"):  # merge ratio per session, for the README table
+        with open(os.environ["POLAR_E2E_MEASURE"], "a") as fh:
+            fh.write(json.dumps({"session": m["session"], "calls": n_records, "sequences": len(seqs),
+                                 "main_calls": m["n_calls"], "side_calls": len(script.side_indices),
+                                 "tokens": sum(s["n_tokens"] for s in seqs)}) + "\n")
     return m

@@ -119,7 +119,10 @@ def test_1_4_without_listen_host_the_addon_binds_loopback(tmp_path, upstream):
                              "--set", f"polar_flows={tmp_path}/flows"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        assert wait_for(lambda: listening_addresses(port), timeout=20) == ["127.0.0.1"]
+        # mitmdump may bind its default for a moment before the script has loaded (README: pass --listen-host to
+        # avoid even that); once the addon runs, only loopback is left.
+        wait_for(lambda: listening_addresses(port) == ["127.0.0.1"], timeout=30)
+        assert listening_addresses(port) == ["127.0.0.1"]
     finally:
         proc.terminate()
         proc.wait(10)

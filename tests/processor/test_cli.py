@@ -35,8 +35,8 @@ def test_1_1_writes_every_output_with_the_contract_schemas(dump):
     tmp, recs = dump
     assert run(tmp, "--rewards", str(tmp / "r.jsonl")) == 0
     out = tmp / "out"
-    assert sorted(os.listdir(out)) == ["batches", "calls.parquet", "report.html", "report.json", "sequences.parquet",
-                                       "sft.jsonl"]
+    assert sorted(os.listdir(out)) == ["batches", "calls.parquet", "manifest.json", "report.html", "report.json",
+                                       "sequences.parquet", "sft.jsonl", "state"]
     seqs, calls = pl.read_parquet(out / "sequences.parquet"), pl.read_parquet(out / "calls.parquet")
     assert dict(seqs.schema) == SEQUENCES_SCHEMA and dict(calls.schema) == CALLS_SCHEMA
     assert calls.height == len(recs) and calls["sequence_id"].null_count() == 1  # the failed call
@@ -98,10 +98,10 @@ def test_1_5_per_request_covers_the_same_calls(dump):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (("--engine", "ray"), "not yet available"),
-    (("--incremental",), "not yet available"),
+    (("--ray-address", "auto"), "need --engine ray"),
+    (("--incremental", "--overwrite"), "exclude each other"),
 ])
-def test_2_1_later_features_exit_2(dump, capsys, extra, message):
+def test_2_1_inconsistent_options_exit_2(dump, capsys, extra, message):
     tmp, _ = dump
     assert run(tmp, *extra) == 2 and message in capsys.readouterr().err
 

@@ -73,7 +73,7 @@ def stream_ending(proto: Protocol, raw: bytes) -> str:
         if isinstance(data, dict) and "error" in data and all(d != b"[DONE]" for _, d in events):
             return "error"
     elif proto.name == "openai_responses":
-        if name == "response.completed":
+        if name in ("response.completed", "response.incomplete"):  # incomplete: max_output_tokens reached
             return "ok"
         if name == "response.failed" and data["response"]["status"] == "failed":
             return "error"
@@ -93,7 +93,7 @@ def json_ok(proto: Protocol, raw: bytes) -> bool:
     if proto.name == "openai_chat":
         return doc.get("object") == "chat.completion" and doc["choices"][0]["finish_reason"] is not None
     if proto.name == "openai_responses":
-        return doc.get("object") == "response" and doc.get("status") == "completed"
+        return doc.get("object") == "response" and doc.get("status") in ("completed", "incomplete")
     return bool(doc["candidates"][0].get("finishReason"))
 
 

@@ -38,6 +38,9 @@ class Truth:
     stop_reason: Any = None
     system_fingerprint: str | None = None
     weight_versions: Any = None
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict] = field(default_factory=list)  # [{"id", "name", "arguments"}], arguments as sent
 
 
 @dataclass
@@ -106,6 +109,17 @@ class Exchange:
                     t.stop_reason = choice.get("stop_reason")
                 if choice.get("weight_versions") is not None:
                     t.weight_versions = choice["weight_versions"]
+                part = choice.get("delta") or choice.get("message") or {}
+                t.content += part.get("content") or ""
+                t.reasoning += part.get("reasoning") or part.get("reasoning_content") or ""
+                for i, tc in enumerate(part.get("tool_calls") or []):
+                    index = tc.get("index", i)
+                    while len(t.tool_calls) <= index:
+                        t.tool_calls.append({"id": None, "name": None, "arguments": ""})
+                    slot, fn = t.tool_calls[index], tc.get("function") or {}
+                    slot["id"] = slot["id"] or tc.get("id")
+                    slot["name"] = slot["name"] or fn.get("name")
+                    slot["arguments"] += fn.get("arguments") or ""
         return t
 
 

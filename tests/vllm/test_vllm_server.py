@@ -147,7 +147,9 @@ def test_2_2_streamed_chat_carries_prompt_ids_first_then_ids_and_logprobs_per_ch
     assert len(ids) == len(lps) == usage_event["usage"]["completion_tokens"] == 12
     assert len(events[0]["prompt_token_ids"]) == usage_event["usage"]["prompt_tokens"]
     assert finish == "length"
-    assert detokenize(client, tiny, ids) == text
+    # A stream cut by `length` inside a UTF-8 sequence never sends the dangling bytes as text; the ids hold them.
+    full = detokenize(client, tiny, ids)
+    assert full.startswith(text) and set(full[len(text):]) <= {"\ufffd"}
     # Same request, same seed, not streamed: the same tokens.
     body = chat(client, tiny, messages=CONVERSATION, max_tokens=12, temperature=1.0, seed=7)
     assert body["choices"][0]["token_ids"] == ids

@@ -1,0 +1,511 @@
+"""Exact on-policy mode (`polar_exact`, DESIGN §7, FIELD-NOTES §7): the model sees exactly the tokens it sampled.
+
+Normally every turn's history is re-rendered by the chat template, so the context of turn N+1 is not "prompt N +
+the ids sampled at turn N" (non-canonical BPE splits, re-serialized tool-call JSON, stripped reasoning). In this
+mode the gateway keeps, per session, the turns it answered; for a new request it finds the deepest cached turn whose
+messages plus our reply are a prefix of the new history, renders the new history with `/tokenize`, and splices:
+
+    cached prompt + sampled ids (+ the template's end-of-turn id when the turn ended without it)
+    + the canonical render's tail after the same number of end-of-turn ids
+
+The spliced ids go upstream as `kv_transfer_params.prompt_token_ids` (vLLM uses them verbatim and still runs its
+tool-call and reasoning parsers), and the echoed prompt ids are checked against what was sent. A turn that cannot
+be spliced takes the normal path; its record says why (`exact.fallback_reason`). Nothing fails because of this mode.
+
+A startup probe (lazily, at the first call) sends deliberately non-canonical ids and requires them echoed unchanged;
+otherwise the mode is refused for this backend with a clear log line and `fallback_reason: mode_refused` on every
+record. The same probe learns the template's end-of-turn id from two `/tokenize` renders.
+
+Records: `exact` {parent, splice_pos, eot_count, render_len, drift, path, fallback_reason, ...}; prompt ids in
+DESIGN §5's compact form (`prompt_ref` {id, len} + `prompt_tail_ids`) whenever the echoed prompt starts with a
+cached turn's prompt + completion, so token arrays stop growing quadratically; `record.PromptResolver` rebuilds.
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import httpx
+import orjson
+
+from . import record as rec
+
+log = logging.getLogger("polar.exact")
+
+PROBE_TEXT = "Polar probe"
+# The upstream_request keeps no copy of the spliced ids when the echo matched: they equal the record's prompt.
+ELIDED_IDS = "<record prompt_token_ids>"
+
+# fallback_reason values (short codes; `detail` carries the message where there is one)
+NO_PARENT = "no_parent"            # nothing cached for this session (a first turn, or evicted)
+HISTORY_EDITED = "history_edited"  # turns are cached, but none is a prefix of the new history
+MEDIA = "media"                    # non-text content: vLLM ignores the ids then (FIELD-NOTES §7)
+BOUNDARY = "boundary_not_found"    # the canonical render has fewer end-of-turn ids than the splice needs
+ECHO = "echo_mismatch"             # the backend did not use the ids we sent
+REFUSED = "mode_refused"           # the startup probe failed: the backend does not take prompt ids
+PROBE_ERROR = "probe_error"        # the probe could not run (backend down); retried at the next call
+RENDER = "render_failed"           # /tokenize failed
+TOO_LONG = "prompt_too_long"       # the spliced prompt does not fit the context: the normal path answers
+NO_IDS = "no_token_ids"            # the parent turn has no token ids
+
+
+# ---------------------------------------------------------------------------------------------------- comparison
+
+def _text(content) -> str | bytes:
+    """Message content as comparable text: parts of type text joined; anything else kept as canonical JSON."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
+        return "".join(str(p.get("text") or "") for p in content)
+    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS)
+
+
+def _args(arguments):
+    """Tool-call arguments compared as parsed JSON (agents re-serialize them), raw text when not JSON."""
+    if isinstance(arguments, str):
+        try:
+            return orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            return arguments
+    return arguments
+
+
+def _norm(m: dict, keep_reasoning: bool = True) -> bytes:
+    """A message's comparison key: tool-call ids ignored, arguments parsed, assistant text stripped."""
+    role = m.get("role")
+    content = _text(m.get("content"))
+    if role == "assistant" and isinstance(content, str):
+        content = content.strip()
+    out = {"role": role, "content": content if isinstance(content, str) else content.decode()}
+    if m.get("name") is not None:
+        out["name"] = m["name"]
+    calls = m.get("tool_calls") or []
+    if calls:
+        out["tool_calls"] = [[(c.get("function") or {}).get("name"), _args((c.get("function") or {}).get("arguments"))]
+                             for c in calls]
+    reasoning = m.get("reasoning_content") or m.get("reasoning") or ""
+    if keep_reasoning and reasoning.strip():
+        out["reasoning"] = reasoning.strip()
+    return orjson.dumps(out, option=orjson.OPT_SORT_KEYS)
+
+
+def _has_reasoning(m: dict) -> bool:
+    return bool((m.get("reasoning_content") or m.get("reasoning") or "").strip())
+
+
+@dataclass(frozen=True)
+class MsgKey:
+    full: bytes       # with reasoning
+    bare: bytes       # without reasoning
+    reasoning: bool
+
+    @classmethod
+    def of(cls, m: dict) -> "MsgKey":
+        bare = _norm(m, keep_reasoning=False)
+        has = _has_reasoning(m)
+        return cls(_norm(m) if has else bare, bare, has)
+
+    def matches(self, new: "MsgKey") -> bool:
+        """`new` (the agent's message now) equals this cached one; reasoning the agent dropped is allowed."""
+        return new.full == self.full or (not new.reasoning and new.bare == self.bare)
+
+
+def has_media(messages: list) -> bool:
+    for m in messages:
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") == "text") for p in content):
+            return True
+    return False
+
+
+def settings_key(model: str, body: dict) -> bytes:
+    """What must be equal for a cached turn to be a parent: model, tools and template settings."""
+    return orjson.dumps({"model": model, "tools": body.get("tools") or [],
+                         "kwargs": body.get("chat_template_kwargs") or {}}, option=orjson.OPT_SORT_KEYS)
+
+
+# ---------------------------------------------------------------------------------------------------- the cache
+
+@dataclass
+class CachedTurn:
+    """One answered turn: what the model saw (prompt), what it sampled, and the history it answered."""
+
+    id: str
+    key: bytes
+    messages: list[MsgKey]
+    reply: MsgKey
+    prompt: array.array
+    completion: array.array
+    t: float = field(default_factory=time.time)
+
+    @property
+    def nbytes(self) -> int:
+        return 4 * (len(self.prompt) + len(self.completion)) + sum(len(k.full) + len(k.bare) for k in self.messages) \
+            + 256
+
+    def full(self) -> list[int]:
+        return self.prompt.tolist() + self.completion.tolist()
+
+
+class TurnCache:
+    """Per-session answered turns; LRU over sessions, bounded by session count, turns per session and bytes."""
+
+    def __init__(self, max_sessions: int = 4096, max_turns: int = 32, max_bytes: int = 512 << 20):
+        self.max_sessions, self.max_turns, self.max_bytes = max_sessions, max_turns, max_bytes
+        self.sessions: OrderedDict[object, list[CachedTurn]] = OrderedDict()
+        self.nbytes = 0
+
+    def turns(self, session) -> list[CachedTurn]:
+        turns = self.sessions.get(session)
+        if turns is None:
+            return []
+        self.sessions.move_to_end(session)
+        return turns
+
+    def add(self, session, turn: CachedTurn) -> None:
+        turns = self.sessions.setdefault(session, [])
+        self.sessions.move_to_end(session)
+        turns.append(turn)
+        self.nbytes += turn.nbytes
+        while len(turns) > self.max_turns:
+            self.nbytes -= turns.pop(0).nbytes
+        while self.sessions and (len(self.sessions) > self.max_sessions or self.nbytes > self.max_bytes):
+            oldest, old_turns = next(iter(self.sessions.items()))
+            if oldest is session and len(old_turns) > 1:
+                self.nbytes -= old_turns.pop(0).nbytes  # keep the newest turn of the live session
+                continue
+            if oldest is session:
+                break
+            self.nbytes -= sum(t.nbytes for t in old_turns)
+            del self.sessions[oldest]
+
+
+def find_parent(turns: list[CachedTurn], key: bytes, new: list[MsgKey]) -> CachedTurn | None:
+    """The deepest cached turn whose messages + our reply are a prefix of `new` (ties: the latest)."""
+    best = None
+    for t in turns:
+        n = len(t.messages)
+        if t.key != key or n + 1 > len(new) or (best is not None and n < len(best.messages)):
+            continue
+        if all(c.matches(m) for c, m in zip(t.messages, new)) and t.reply.matches(new[n]):
+            best = t
+    return best
+
+
+# ---------------------------------------------------------------------------------------------------- the splice
+
+@dataclass(frozen=True)
+class Splice:
+    ids: list[int]
+    splice_pos: int    # where the canonical tail starts in ids
+    eot_count: int     # end-of-turn ids before the splice position
+    render_len: int    # length of the canonical render of the new history
+    drift: int         # positions where the canonical re-render of the shared part differs from what was sampled
+    canonical_pos: int # where the tail starts in the canonical render
+
+
+class NoBoundary(ValueError):
+    pass
+
+
+def splice(prompt: list[int], completion: list[int], canonical: list[int], eot: int) -> Splice:
+    """prompt + completion (+ eot when the turn did not end with it) + canonical[after the same number of eots]."""
+    base = list(prompt) + list(completion)
+    if not completion or completion[-1] != eot:
+        base.append(eot)
+    n = base.count(eot)
+    seen, pos = 0, -1
+    for i, t in enumerate(canonical):
+        if t == eot:
+            seen += 1
+            if seen == n:
+                pos = i + 1
+                break
+    if pos < 0:
+        raise NoBoundary(f"the canonical render has {seen} end-of-turn ids, the splice needs {n}")
+    if pos >= len(canonical):
+        raise NoBoundary("the canonical render ends at the splice boundary (no new messages)")
+    shared = canonical[:pos]
+    drift = sum(1 for a, b in zip(shared, base) if a != b) + abs(len(shared) - len(base))
+    return Splice(base + canonical[pos:], len(base), n, len(canonical), drift, pos)
+
+
+# ---------------------------------------------------------------------------------------------------- the mode
+
+@dataclass
+class ExactTurn:
+    """One call's exact-mode state, from prepare() to the record."""
+
+    session: object
+    key: bytes
+    messages: list[MsgKey]
+    meta: dict
+    parent: CachedTurn | None = None
+    sent: list[int] | None = None
+    record_body: dict | None = None
+
+
+@dataclass
+class ProbeResult:
+    ok: bool
+    eot: int | None = None
+    message: str = ""
+
+
+class ExactMode:
+    """The mode's process-wide state: the probe result per backend and the turn cache."""
+
+    def __init__(self, cache: TurnCache | None = None):
+        self.cache = cache or TurnCache()
+        self.probes: dict[tuple, ProbeResult] = {}
+        self._lock = asyncio.Lock()
+
+    # ------------------------------------------------------------------------------------------ probe
+
+    async def probe(self, backend, info) -> ProbeResult:
+        """Learn the end-of-turn id and check that the backend echoes non-canonical prompt ids unchanged."""
+        ident = (backend.base_url, info.model, info.version)
+        found = self.probes.get(ident)
+        if found is not None:
+            return found
+        async with self._lock:
+            found = self.probes.get(ident)
+            if found is not None:
+                return found
+            result = await _run_probe(backend, info)  # raises httpx/GatewayError-like trouble: not cached
+            self.probes[ident] = result
+            if result.ok:
+                log.info("polar_exact: backend %s %s takes prompt token ids; end-of-turn id %d",
+                         info.kind, info.version, result.eot)
+            else:
+                log.error("polar_exact REFUSED for %s %s (model %s): %s — every call takes the normal path",
+                          info.kind, info.version, info.model, result.message)
+            return result
+
+    # ------------------------------------------------------------------------------------------ per call
+
+    async def prepare(self, backend, info, shaped, session) -> ExactTurn:
+        """Before the upstream call: find the parent, render, splice; on success put the ids into `shaped.body`.
+        Never raises: every trouble becomes a `fallback_reason` and the normal path."""
+        t0 = time.perf_counter()
+        try:
+            turn = await self._prepare(backend, info, shaped, session)
+        except Exception as exc:  # noqa: BLE001 — a bug here must not fail the call
+            log.exception("polar_exact: prepare failed")
+            shaped.body.pop("kv_transfer_params", None)
+            turn = ExactTurn(session, b"", [], {"parent": None, "path": "normal", "fallback_reason": "internal_error",
+                                                "detail": f"{exc!r}"[:500]})
+        turn.meta["prep_ms"] = round((time.perf_counter() - t0) * 1000, 3)
+        return turn
+
+    async def _prepare(self, backend, info, shaped, session) -> ExactTurn:
+        body = shaped.body
+        messages = body.get("messages") or []
+        keys = [MsgKey.of(m) for m in messages if isinstance(m, dict)]
+        turn = ExactTurn(session, settings_key(info.model, body), keys,
+                         {"parent": None, "splice_pos": None, "eot_count": None, "render_len": None, "drift": None,
+                          "path": "normal", "fallback_reason": None})
+        meta = turn.meta
+        try:
+            probe = await self.probe(backend, info)
+        except Exception as exc:  # noqa: BLE001 — the mode never fails a call
+            meta.update(fallback_reason=PROBE_ERROR, detail=f"{exc!r}"[:500])
+            return turn
+        if not probe.ok:
+            meta.update(fallback_reason=REFUSED, detail=probe.message)
+            return turn
+        turns = self.cache.turns(session)
+        parent = find_parent(turns, turn.key, keys) if turns else None
+        turn.parent = parent
+        if parent is None:
+            meta["fallback_reason"] = HISTORY_EDITED if turns else NO_PARENT
+            return turn
+        meta["parent"] = parent.id
+        if has_media(messages):
+            meta["fallback_reason"] = MEDIA
+            return turn
+        try:
+            canonical = await render(backend, info.model, body)
+        except Exception as exc:  # noqa: BLE001
+            meta.update(fallback_reason=RENDER, detail=f"{exc!r}"[:500])
+            return turn
+        try:
+            s = splice(parent.prompt.tolist(), parent.completion.tolist(), canonical, probe.eot)
+        except NoBoundary as exc:
+            meta.update(fallback_reason=BOUNDARY, detail=str(exc), render_len=len(canonical))
+            return turn
+        meta.update(splice_pos=s.splice_pos, eot_count=s.eot_count, render_len=s.render_len, drift=s.drift)
+        if info.max_model_len and len(s.ids) >= info.max_model_len:
+            meta["fallback_reason"] = TOO_LONG
+            return turn
+        requested = body.get("max_tokens")
+        if requested is not None and info.max_model_len and requested > info.max_model_len - len(s.ids):
+            room = info.max_model_len - len(s.ids)
+            body["max_tokens"] = room
+            shaped.sampling["max_tokens"] = room
+            shaped.normalizations.append(f"max_tokens_clamped:{requested}->{room}")
+        turn.record_body = dict(body, kv_transfer_params={"prompt_token_ids": ELIDED_IDS})
+        body["kv_transfer_params"] = {"prompt_token_ids": s.ids}
+        turn.sent = s.ids
+        meta["path"] = "exact"
+        return turn
+
+    def finish(self, turn: ExactTurn, record: dict, prompt: list[int] | None) -> None:
+        """Before the record is written: echo check, `exact` map, compact prompt form. Never raises."""
+        try:
+            self._finish(turn, record, prompt)
+        except Exception:  # noqa: BLE001 — the record must still be written, in its plain form
+            log.exception("polar_exact: finish failed for %s", record.get("id"))
+            record["exact"] = dict(turn.meta, fallback_reason=turn.meta.get("fallback_reason") or "internal_error")
+
+    def _finish(self, turn: ExactTurn, record: dict, prompt: list[int] | None) -> None:
+        meta = turn.meta
+        if turn.sent is not None:
+            if prompt is not None and prompt == turn.sent:
+                record["upstream_request"] = orjson.dumps(turn.record_body)
+            elif prompt is not None:
+                # vLLM used some other prompt: the record keeps the echo (the truth) and the ids we sent.
+                meta.update(path="normal", fallback_reason=ECHO,
+                            detail=f"sent {len(turn.sent)} ids, backend echoed {len(prompt)}")
+                log.warning("polar_exact: echo mismatch on %s (sent %d ids, echoed %d)", record.get("id"),
+                            len(turn.sent), len(prompt))
+        record["exact"] = meta
+        if turn.parent is not None and prompt is not None:
+            compact(record, prompt, turn.parent)
+
+    def commit(self, turn: ExactTurn, record: dict, prompt: list[int] | None, completion: list[int] | None,
+               reply: dict | None) -> None:
+        """After the record is on disk: cache the turn as a parent for the next request. Never raises."""
+        try:
+            self._commit(turn, record, prompt, completion, reply)
+        except Exception:  # noqa: BLE001
+            log.exception("polar_exact: could not cache turn %s", record.get("id"))
+
+    def _commit(self, turn: ExactTurn, record: dict, prompt, completion, reply) -> None:
+        if not turn.key or record.get("error") is not None or prompt is None or completion is None or reply is None:
+            return
+        reply_msg = {"role": "assistant", "content": reply.get("content"), "reasoning": reply.get("reasoning"),
+                     "tool_calls": reply.get("tool_calls")}
+        self.cache.add(turn.session, CachedTurn(record["id"], turn.key, turn.messages, MsgKey.of(reply_msg),
+                                                array.array("i", prompt), array.array("i", completion)))
+
+
+def compact(record: dict, prompt: list[int], parent: CachedTurn) -> None:
+    """Store the prompt as `prompt_ref` {id, len} + `prompt_tail_ids` when it starts with the parent's prompt."""
+    n_prompt = len(parent.prompt)
+    if len(prompt) < n_prompt or array.array("i", prompt[:n_prompt]) != parent.prompt:
+        return
+    k, comp = 0, parent.completion
+    limit = min(len(comp), len(prompt) - n_prompt)
+    while k < limit and prompt[n_prompt + k] == comp[k]:
+        k += 1
+    cut = n_prompt + k
+    record["prompt_ref"] = {"id": parent.id, "len": cut}
+    record["prompt_tail_ids"] = rec.pack_ids(prompt[cut:])
+    record["prompt_token_ids"] = None
+
+
+# ---------------------------------------------------------------------------------------------------- backend calls
+
+async def _post(backend, path: str, body: dict, root: bool = True) -> httpx.Response:
+    url = (backend.root_url if root else backend.base_url) + path
+    return await backend.client.post(url, content=orjson.dumps(body),
+                                     timeout=httpx.Timeout(60.0, connect=backend.client.timeout.connect))
+
+
+async def render(backend, model: str, body: dict, add_generation_prompt: bool = True) -> list[int]:
+    """The canonical prompt of a chat body (vLLM /tokenize: identical to the chat call's own render)."""
+    req = {"model": model, "messages": body.get("messages") or [], "add_generation_prompt": add_generation_prompt}
+    for key in ("tools", "chat_template_kwargs"):
+        if body.get(key):
+            req[key] = body[key]
+    resp = await _post(backend, "/tokenize", req)
+    if resp.status_code != 200:
+        raise RuntimeError(f"/tokenize answered {resp.status_code}: {resp.content[:300]!r}")
+    return list(orjson.loads(resp.content)["tokens"])
+
+
+async def _tokens(backend, model: str, text: str) -> list[int]:
+    resp = await _post(backend, "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
+    if resp.status_code != 200:
+        raise RuntimeError(f"/tokenize answered {resp.status_code}: {resp.content[:300]!r}")
+    return list(orjson.loads(resp.content)["tokens"])
+
+
+def _find(hay: list[int], needle: list[int]) -> int:
+    for i in range(len(hay) - len(needle) + 1):
+        if hay[i:i + len(needle)] == needle:
+            return i
+    return -1
+
+
+def end_of_turn(one: list[int], three: list[int], word: list[int]) -> int | None:
+    """The template's end-of-turn id from renders of [user W] and [user W, assistant W, user W] (no generation
+    prompt): the first id after W that occurs exactly twice more in the longer render (once per added message)."""
+    at = _find(one, word)
+    if at < 0:
+        return None
+    for t in one[at + len(word):]:
+        if three.count(t) - one.count(t) == 2:
+            return t
+    return None
+
+
+async def _run_probe(backend, info) -> ProbeResult:
+    if info.kind != "vllm":
+        return ProbeResult(False, message=f"backend kind {info.kind!r}: prompt token ids on chat need vLLM ≥ 0.30")
+    model = info.model
+    user = {"role": "user", "content": PROBE_TEXT}
+    gate = asyncio.Semaphore(4)  # a few at a time: small servers have small listen backlogs
+
+    async def limited(coro):
+        async with gate:
+            return await coro
+
+    one, three, canonical, word, *chars = await asyncio.gather(*map(limited, (
+        render(backend, model, {"messages": [user]}, add_generation_prompt=False),
+        render(backend, model, {"messages": [user, {"role": "assistant", "content": PROBE_TEXT}, user]},
+               add_generation_prompt=False),
+        render(backend, model, {"messages": [user]}),
+        _tokens(backend, model, PROBE_TEXT),
+        *(_tokens(backend, model, ch) for ch in PROBE_TEXT))))
+    eot = end_of_turn(one, three, word)
+    if eot is None:
+        return ProbeResult(False, message="the chat template has no end-of-turn token the probe could identify "
+                                          "(exact splicing counts end-of-turn ids)")
+    at = _find(canonical, word)
+    split = [t for ids in chars for t in ids]  # one token per character: not how the tokenizer splits the word
+    if at < 0 or split == word:
+        return ProbeResult(False, message="could not build non-canonical probe ids for this tokenizer")
+    ids = canonical[:at] + split + canonical[at + len(word):]
+    body = {"model": model, "messages": [user], "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": 1, "logprobs": True, "top_logprobs": 0, "return_token_ids": True, "temperature": 1.0,
+            "kv_transfer_params": {"prompt_token_ids": ids}}
+    echoed = None
+    async with backend.client.stream("POST", backend.base_url + "/chat/completions", content=orjson.dumps(body),
+                                     timeout=httpx.Timeout(120.0, connect=backend.client.timeout.connect)) as resp:
+        if resp.status_code != 200:
+            text = (await resp.aread())[:300]
+            if resp.status_code >= 500:
+                raise RuntimeError(f"probe call answered {resp.status_code}: {text!r}")
+            return ProbeResult(False, message=f"the backend rejected kv_transfer_params.prompt_token_ids "
+                                              f"({resp.status_code}: {text!r})")
+        async for line in resp.aiter_lines():
+            if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
+                chunk = orjson.loads(line[5:].strip())
+                if chunk.get("prompt_token_ids") is not None:
+                    echoed = list(chunk["prompt_token_ids"])
+    if echoed != ids:
+        got = "no prompt ids" if echoed is None else f"{len(echoed)} ids" + (
+            " (its own render)" if echoed == canonical else "")
+        return ProbeResult(False, message=f"the backend did not use the prompt token ids it was sent (sent {len(ids)} "
+                                          f"non-canonical ids, echoed {got}); needs vLLM 0.30–0.33 "
+                                          "kv_transfer_params.prompt_token_ids on /v1/chat/completions")
+    return ProbeResult(True, eot=eot, message="ok")

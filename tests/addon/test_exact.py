@@ -1,0 +1,251 @@
+"""Exact mode's pure parts (addon/exact.py) and the compact prompt form (record.PromptResolver), no sockets.
+
+1.x  message comparison: tool-call ids ignored, arguments as parsed JSON, dropped reasoning allowed, edits caught
+2.x  parent search: deepest prefix wins; model/tools/template settings must be equal
+3.x  splice: sampled ids kept verbatim, end-of-turn added after a cut turn, tail after the same eot count, drift
+4.x  the probe's end-of-turn detection
+5.x  the cache bounds (turns per session, sessions, bytes)
+6.x  compact form: written only when the prompt starts with the parent's prompt; the reader and the processor's
+     session loader rebuild it, across files
+7.x  prepare() against a mocked backend: every failure is a fallback reason, never an exception
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+
+import httpx
+import orjson
+import pytest
+
+from polar.addon import exact as ex
+from polar.addon import record as rec
+from polar.addon.upstream import BackendInfo, Shaped
+
+pytestmark = pytest.mark.unit
+
+EOT = 2
+
+
+def _call(name, args, id_="call_1"):
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+def _turn(id_, messages, reply, prompt, completion, key=b"k"):
+    return ex.CachedTurn(id_, key, [ex.MsgKey.of(m) for m in messages], ex.MsgKey.of(reply),
+                         array.array("i", prompt), array.array("i", completion))
+
+
+USER = {"role": "user", "content": "hi"}
+REPLY = {"role": "assistant", "content": "Sure. ", "reasoning_content": "think",
+         "tool_calls": [_call("bash", '{"command": "ls", "n": 1}')]}
+
+
+@pytest.mark.parametrize("new,ok", [
+    ({"role": "assistant", "content": "Sure.", "tool_calls": [_call("bash", '{"n":1,"command":"ls"}', "other")]}, True),
+    ({"role": "assistant", "content": [{"type": "text", "text": "Sure."}], "reasoning_content": "think",
+      "tool_calls": [_call("bash", '{"command":"ls","n":1}')]}, True),
+    ({"role": "assistant", "content": "Sure.", "reasoning_content": "other thoughts",
+      "tool_calls": [_call("bash", '{"command":"ls","n":1}')]}, False),
+    ({"role": "assistant", "content": "Sure.", "tool_calls": [_call("bash", '{"command":"rm"}')]}, False),
+    ({"role": "assistant", "content": "Not sure.", "tool_calls": [_call("bash", '{"command":"ls","n":1}')]}, False),
+])
+def test_1_1_message_comparison(new, ok):
+    assert ex.MsgKey.of(REPLY).matches(ex.MsgKey.of(new)) is ok
+
+
+def test_1_2_media_is_detected():
+    assert ex.has_media([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    assert not ex.has_media([{"role": "user", "content": [{"type": "text", "text": "x"}]}, USER])
+
+
+def test_2_1_deepest_parent_wins_and_settings_must_match():
+    m2 = [USER, REPLY, {"role": "tool", "tool_call_id": "call_1", "content": "a"}]
+    t1 = _turn("t1", [USER], REPLY, [1, 5, 2], [7, 2])
+    t2 = _turn("t2", m2, {"role": "assistant", "content": "done"}, [1, 5, 2, 7, 2, 9, 2], [8, 2])
+    new = [ex.MsgKey.of(m) for m in m2 + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "?"}]]
+    assert ex.find_parent([t2, t1], b"k", new) is t2
+    assert ex.find_parent([t1], b"k", new) is t1
+    assert ex.find_parent([t1, t2], b"other-tools", new) is None
+    edited = [ex.MsgKey.of(m) for m in [{"role": "user", "content": "changed"}, REPLY, m2[2]]]
+    assert ex.find_parent([t1, t2], b"k", edited) is None
+    assert ex.find_parent([t1], b"k", [ex.MsgKey.of(USER)]) is None  # no reply in the new history
+
+
+def test_2_2_settings_key_covers_model_tools_and_template_kwargs():
+    body = {"tools": [{"type": "function", "function": {"name": "a"}}], "chat_template_kwargs": {"x": 1}}
+    assert ex.settings_key("m", body) == ex.settings_key("m", dict(body))
+    assert ex.settings_key("m", body) != ex.settings_key("n", body)
+    assert ex.settings_key("m", body) != ex.settings_key("m", {**body, "chat_template_kwargs": {"x": 2}})
+    assert ex.settings_key("m", body) != ex.settings_key("m", {"chat_template_kwargs": {"x": 1}})
+
+
+def test_3_1_splice_keeps_sampled_ids_and_takes_the_canonical_tail():
+    prompt, completion = [1, 10, 2, 3, 1, 11, 3], [40, 41, 42, EOT]  # sampled "abc" as 3 ids
+    canonical = [1, 10, 2, 3, 1, 11, 3, 99, EOT, 3, 1, 12, 2, 3, 1, 11, 3]  # re-rendered "abc" as one id
+    s = ex.splice(prompt, completion, canonical, EOT)
+    assert s.ids == prompt + completion + [3, 1, 12, 2, 3, 1, 11, 3]
+    assert (s.splice_pos, s.eot_count, s.render_len, s.canonical_pos) == (11, 2, 17, 9)
+    assert s.drift == 2 + 2  # aligned from the start: 2 positions differ, and the render is 2 shorter
+
+
+def test_3_2_a_turn_without_end_of_turn_gets_the_templates():
+    s = ex.splice([1, 10, 2, 3], [40, 41], [1, 10, 2, 3, 40, 41, EOT, 3, 1, 12, EOT], EOT)
+    assert s.ids == [1, 10, 2, 3, 40, 41, EOT, 3, 1, 12, EOT] and s.drift == 0 and s.splice_pos == 7
+
+
+def test_3_3_boundary_not_found():
+    with pytest.raises(ex.NoBoundary):
+        ex.splice([1, 2], [5, EOT], [1, 2, 5], EOT)  # only one eot in the render, two needed
+    with pytest.raises(ex.NoBoundary):
+        ex.splice([1, 2], [5, EOT], [1, 2, 5, EOT], EOT)  # nothing after the boundary
+
+
+def test_4_1_end_of_turn_detection():
+    word = [56, 57]
+    one = [1, 8, 56, 57, 2, 9]
+    three = one + [1, 7, 56, 57, 2, 9] + one
+    assert ex.end_of_turn(one, three, word) == 2
+    assert ex.end_of_turn([1, 8, 56, 57], [1, 8, 56, 57] * 3, word) is None
+
+
+def test_5_1_cache_bounds():
+    c = ex.TurnCache(max_sessions=2, max_turns=2, max_bytes=10_000)
+    for i in range(3):
+        c.add("a", _turn(f"a{i}", [USER], REPLY, [1] * 10, [2]))
+    assert [t.id for t in c.turns("a")] == ["a1", "a2"]
+    c.add("b", _turn("b0", [USER], REPLY, [1], [2]))
+    c.turns("a")  # touch: b is now the least recently used
+    c.add("c", _turn("c0", [USER], REPLY, [1], [2]))
+    assert list(c.sessions) == ["a", "c"]
+    c.add("c", _turn("big", [USER], REPLY, [1] * 3000, [2]))
+    assert c.nbytes <= 10_000 + 13_000 and "a" not in c.sessions  # older sessions go first
+    assert c.nbytes == sum(t.nbytes for ts in c.sessions.values() for t in ts)
+
+
+def _record(id_, prompt, completion, **extra):
+    r = {name: None for name in rec.FIELDS}
+    r.update(v=rec.VERSION, id=id_, session="s", t_start=float(len(id_)), prompt_token_ids=rec.pack_ids(prompt),
+             completion_token_ids=rec.pack_ids(completion), **extra)
+    return r
+
+
+def test_6_1_compact_form_round_trip_across_files(tmp_path):
+    parent = _turn("p1", [USER], REPLY, [1, 5, 2, 3], [7, 8, EOT])
+    full = [1, 5, 2, 3, 7, 8, EOT, 3, 1, 9, 2]
+    r1 = _record("p1", [1, 5, 2, 3], [7, 8, EOT])
+    r2 = _record("p22", full, [4, EOT])
+    ex.compact(r2, full, parent)
+    assert r2["prompt_ref"] == {"id": "p1", "len": 7} and r2["prompt_token_ids"] is None
+    assert rec.unpack_ids(r2["prompt_tail_ids"]) == [3, 1, 9, 2]
+    # a third turn referencing a compact one
+    p2 = _turn("p22", [USER], REPLY, full, [4, EOT])
+    r3 = _record("p333", full + [4, EOT, 3, 6], [EOT])
+    ex.compact(r3, full + [4, EOT, 3, 6], p2)
+    w = rec.FlowWriter(str(tmp_path), rotate_mb=256, min_free_mb=0)
+    w.write(r1)
+    w.close()
+    w = rec.FlowWriter(str(tmp_path), rotate_mb=256, min_free_mb=0)
+    w.write(r2)
+    w.write(r3)
+    w.close()
+    files = rec.expand_inputs([str(tmp_path)])
+    assert len(files) == 2
+    got = {r["id"]: rec.unpack_ids(r["prompt_token_ids"]) for _, _, r in rec.iter_files(files)}
+    assert got == {"p1": [1, 5, 2, 3], "p22": full, "p333": full + [4, EOT, 3, 6]}
+    # one file alone cannot resolve a reference into another: nil, never invented
+    alone = [r for _, r in rec.iter_file(files[1])]
+    assert alone[0]["prompt_token_ids"] is None
+    # the processor loads one session at a time and rebuilds there
+    from polar.processor.load import RecordSource, build_index
+
+    index = build_index([str(tmp_path)])
+    source = RecordSource(index.files)
+    loaded = {r["id"]: rec.unpack_ids(r["prompt_token_ids"]) for _, r in source.load(index.sessions()["s"])}
+    source.close()
+    assert loaded == got
+
+
+def test_6_2_no_compact_form_when_the_prompt_does_not_start_with_the_parents():
+    parent = _turn("p1", [USER], REPLY, [1, 5, 2], [7, EOT])
+    r = _record("x", [1, 6, 2, 9], [EOT])
+    ex.compact(r, [1, 6, 2, 9], parent)
+    assert r["prompt_ref"] is None and rec.unpack_ids(r["prompt_token_ids"]) == [1, 6, 2, 9]
+    ex.compact(r, [1, 5, 2, 7, 3], parent)  # part of the completion re-tokenized: the reference is cut there
+    assert r["prompt_ref"] == {"id": "p1", "len": 4} and rec.unpack_ids(r["prompt_tail_ids"]) == [3]
+
+
+class _Backend:
+    def __init__(self, handler):
+        self.base_url, self.root_url = "http://b/v1", "http://b"
+        self.client = httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=httpx.Timeout(5.0))
+
+
+def _shaped(messages):
+    return Shaped({"model": "m", "messages": messages, "max_tokens": 50}, {"max_tokens": 50}, [])
+
+
+INFO = BackendInfo("vllm", "0.32.0", "m", 64)
+
+
+def _run(coro):
+    return asyncio.new_event_loop().run_until_complete(coro)
+
+
+def test_7_1_prepare_splices_with_a_known_parent_and_falls_back_otherwise():
+    mode = ex.ExactMode()
+    mode.probes[("http://b/v1", "m", "0.32.0")] = ex.ProbeResult(True, eot=EOT)
+    canonical = [1, 10, 2, 3, 1, 40, EOT, 3, 1, 12, EOT, 3, 1, 11, 3]
+    backend = _Backend(lambda req: httpx.Response(200, json={"tokens": canonical, "count": len(canonical)}))
+    reply = {"role": "assistant", "content": "abc"}
+    mode.cache.add("s", _turn("t1", [USER], reply, [1, 10, 2, 3, 1, 11, 3], [40, 41, 42, EOT],
+                              key=ex.settings_key("m", {})))
+    shaped = _shaped([USER, reply, {"role": "user", "content": "more"}])
+    turn = _run(mode.prepare(backend, INFO, shaped, "s"))
+    assert turn.meta["path"] == "exact" and turn.meta["parent"] == "t1"
+    assert shaped.body["kv_transfer_params"]["prompt_token_ids"] == [1, 10, 2, 3, 1, 11, 3, 40, 41, 42, EOT,
+                                                                     3, 1, 12, EOT, 3, 1, 11, 3]
+    assert shaped.body["max_tokens"] == 64 - 19 and "max_tokens_clamped:50->45" in shaped.normalizations
+    # other session: no parent; edited history: history_edited; same history in a session with other tools
+    for session, messages, reason in [("t", shaped.body["messages"], "no_parent"),
+                                      ("s", [USER, {"role": "assistant", "content": "xyz"}, USER], "history_edited")]:
+        s2 = _shaped(messages)
+        t = _run(mode.prepare(backend, INFO, s2, session))
+        assert t.meta["fallback_reason"] == reason and "kv_transfer_params" not in s2.body
+
+
+def test_7_2_backend_trouble_is_a_fallback_reason():
+    mode = ex.ExactMode()
+    key = ("http://b/v1", "m", "0.32.0")
+    reply = {"role": "assistant", "content": "abc"}
+    mode.cache.add("s", _turn("t1", [USER], reply, [1, 2], [40, EOT], key=ex.settings_key("m", {})))
+    messages = [USER, reply, {"role": "user", "content": "more"}]
+
+    def down(req):
+        raise httpx.ConnectError("refused")
+    t = _run(mode.prepare(_Backend(down), INFO, _shaped(messages), "s"))
+    assert t.meta["fallback_reason"] == "probe_error" and key not in mode.probes  # retried at the next call
+    mode.probes[key] = ex.ProbeResult(True, eot=EOT)
+    t = _run(mode.prepare(_Backend(down), INFO, _shaped(messages), "s"))
+    assert t.meta["fallback_reason"] == "render_failed" and t.meta["parent"] == "t1"
+    few = _Backend(lambda req: httpx.Response(200, json={"tokens": [1, 2, 40, 7]}))
+    assert _run(mode.prepare(few, INFO, _shaped(messages), "s")).meta["fallback_reason"] == "boundary_not_found"
+    mode.probes[key] = ex.ProbeResult(False, message="no")
+    assert _run(mode.prepare(few, INFO, _shaped(messages), "s")).meta["fallback_reason"] == "mode_refused"
+
+
+def test_7_3_finish_checks_the_echo_and_commit_caches():
+    mode = ex.ExactMode()
+    parent = _turn("t1", [USER], {"role": "assistant", "content": "a"}, [1, 2], [40, EOT])
+    turn = ex.ExactTurn("s", b"k", [ex.MsgKey.of(USER)], {"path": "exact", "fallback_reason": None}, parent,
+                        sent=[1, 2, 40, EOT, 3], record_body={"kv_transfer_params": {"prompt_token_ids": ex.ELIDED_IDS}})
+    r = _record("t2", [1, 2, 40, EOT, 3], [5, EOT], upstream_request=b"{}", assistant={"content": "b"})
+    mode.finish(turn, r, [1, 2, 40, EOT, 3])
+    assert r["exact"]["path"] == "exact" and r["prompt_ref"] == {"id": "t1", "len": 4}
+    assert orjson.loads(r["upstream_request"])["kv_transfer_params"]["prompt_token_ids"] == ex.ELIDED_IDS
+    mode.commit(turn, r, [1, 2, 40, EOT, 3], [5, EOT], r["assistant"])
+    assert [t.id for t in mode.cache.turns("s")] == ["t2"]
+    r2 = _record("t3", [1, 2, 9], [5], upstream_request=b"{}")
+    mode.finish(turn, r2, [1, 2, 9])
+    assert r2["exact"]["fallback_reason"] == "echo_mismatch" and r2["upstream_request"] == b"{}"

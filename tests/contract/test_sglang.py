@@ -1,0 +1,141 @@
+"""SGLang as the backend (issue item 5): the scripted upstream in SGLang 0.5.x's wire format (tests/support/
+sglang_upstream.py) behind the recording relay and the real gateway, with `polar_backend=auto` (kind from /v1/models
+`owned_by`) and `polar_backend=sglang`. Through each protocol, JSON and streaming, with the official SDKs:
+
+1. The gateway asks SGLang's way — the `x-sglext-return-*` headers, no `return_token_ids` in the streamed body — and
+   the record carries the prompt/completion ids from the trailing `sglext` chunk and the per-chunk logprobs, exactly
+   as the backend sent them; `backend` is {kind: sglang, version, system_fingerprint: null}.
+2. The agent gets the backend's usage (input tokens arrive only at the end of SGLang's stream: the closing usage
+   carries them) and the right stop reason; reasoning sent as `reasoning_content` reaches the agent.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+
+import orjson
+import pytest
+
+from polar.addon import record as rec
+from tests.contract.test_contract import AGENTS, PROTOCOLS, expected_stop
+from tests.support.gateway import start_gateway
+from tests.support.recording_relay import RecordingRelay
+from tests.support.scripted_upstream import Reply
+from tests.support.sglang_upstream import INPUT_IDS_HEADER, OUTPUT_IDS_HEADER, SGLANG_VERSION, SGLangUpstream
+
+pytestmark = pytest.mark.integration
+
+
+class _SGLangStack:
+    def __init__(self, upstream: SGLangUpstream, relay: RecordingRelay, gateway):
+        self.upstream, self.relay, self.gateway = upstream, relay, gateway
+
+
+@pytest.fixture(scope="module", params=["auto", "sglang"])
+def sglang(request, tokenizer_dir, tmp_path_factory):
+    up = SGLangUpstream(tokenizer_dir)
+    up.start()
+    relay = RecordingRelay(up.root_url)
+    relay.start()
+    base = tmp_path_factory.mktemp(f"sglang-{request.param}")
+    gateway = start_gateway(relay.base_url, str(base / "run"), str(base / "flows"),
+                            sets=[f"polar_backend={request.param}"])
+    yield _SGLangStack(up, relay, gateway)
+    gateway.stop()
+    relay.stop()
+    up.stop()
+
+
+@pytest.fixture
+def sglang_env(sglang, monkeypatch):
+    sglang.upstream.reset()
+    sglang.gateway.mark()
+    sglang.gateway.apply_env(monkeypatch, "sglang-session")
+    return sglang
+
+
+def f32(values) -> list[float]:
+    return array.array("f", values).tolist()
+
+
+@pytest.mark.parametrize("mode", ["json", "stream"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_1_record_has_sglang_ids_and_logprobs_and_the_agent_gets_the_backends_usage(sglang_env, protocol, mode):
+    stack, stream = sglang_env, mode == "stream"
+    stack.upstream.script(Reply(text="Hello from SGLang.", reasoning="Think first."))
+    since = stack.relay.mark()
+    res = AGENTS[protocol]("Say hi.", 64, stream, False)
+    chats = stack.relay.chats(since)
+    assert len(chats) == 1
+    ex = chats[0]
+    sent = ex.json()
+    # 1: SGLang's way of asking for ids.
+    assert ex.request_headers.get(INPUT_IDS_HEADER) == "1" and ex.request_headers.get(OUTPUT_IDS_HEADER) == "1"
+    assert "return_token_ids" not in sent and "return_weight_versions" not in sent
+    assert sent["stream"] is True and sent["logprobs"] is True
+    chunks = ex.chunks
+    assert not any("token_ids" in c or "prompt_token_ids" in c for c in chunks)
+    assert "sglext" in chunks[-1], "the ids arrive in the trailing chunk"
+    truth = ex.truth()
+    answer = stack.upstream.responses[-1]
+    assert truth.prompt_token_ids == answer.prompt_token_ids and truth.completion_ids == answer.completion_ids
+    records = stack.gateway.records()
+    assert len(records) == 1, [r["error"] for r in records]
+    r = records[0]
+    assert r["error"] is None and r["provider_status"] == 200
+    assert orjson.loads(r["upstream_request"]) == sent
+    assert rec.token_ids(r, "prompt_token_ids") == truth.prompt_token_ids
+    assert rec.token_ids(r, "completion_token_ids") == truth.completion_ids
+    assert rec.unpack_floats(r["completion_logprobs"]) == f32(truth.logprobs)
+    assert len(truth.logprobs) == len(truth.completion_ids)
+    assert "backend_gave_no_token_ids" not in r["normalizations"]
+    assert r["backend"] == {"kind": "sglang", "version": SGLANG_VERSION, "system_fingerprint": None}
+    assert r["sampling"]["logprobs_mode"] == "raw_logprobs" and r["weight_versions"] is None
+    assert r["assistant"]["reasoning"] == answer.reasoning and "Think first." in answer.reasoning
+    # 2: the agent's usage and stop reason are the backend's.
+    assert (res.input_tokens, res.output_tokens) == (truth.usage["prompt_tokens"], truth.usage["completion_tokens"])
+    assert truth.usage["prompt_tokens"] == len(truth.prompt_token_ids)
+    assert truth.finish_reason == "stop"
+    assert res.stop == expected_stop(protocol, "stop", None, False) == r["provider_stop_reason"]
+    assert res.text.strip() == "Hello from SGLang."
+    if protocol == "anthropic_messages" and stream:
+        # SGLang sends the prompt ids only at the end and cannot count chat messages beforehand: message_start says
+        # 0 (never a wrong number) and the closing message_delta carries the real count (DESIGN §4).
+        assert res.start_input_tokens in (0, truth.usage["prompt_tokens"])
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_2_forced_tool_call_and_length_cut_through_sglang(sglang_env, protocol):
+    stack = sglang_env
+    since = stack.relay.mark()
+    res = AGENTS[protocol]("Say hi.", 256, True, True)
+    ex = stack.relay.chats(since)[0]
+    truth = ex.truth()
+    assert truth.finish_reason == "tool_calls"
+    assert res.tool_calls == [(c["name"], json.loads(c["arguments"])) for c in truth.tool_calls]
+    res2 = AGENTS[protocol]("Say hi.", 2, True, False)
+    assert res2.stop == expected_stop(protocol, "length", None, False)
+    records = stack.gateway.records()
+    assert len(records) == 2 and all(r["error"] is None for r in records)
+    for r in records:
+        assert rec.token_ids(r, "prompt_token_ids") and rec.token_ids(r, "completion_token_ids")
+    assert len(rec.token_ids(records[1], "completion_token_ids")) == 2 == res2.output_tokens
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_3_max_tokens_beyond_the_context_is_clamped_without_a_chat_tokenize(sglang_env, protocol):
+    # SGLang's /tokenize takes text only, so the prompt cannot be counted before the call: the gateway clamps
+    # against the prompt's upper bound (bytes of the messages + template allowance) instead of failing the call.
+    stack = sglang_env
+    L = stack.upstream.max_model_len
+    since = stack.relay.mark()
+    res = AGENTS[protocol]("Say hi.", 2 * L, False, False)
+    ex = stack.relay.chats(since)[0]
+    sent_max = ex.json()["max_tokens"]
+    truth = ex.truth()
+    assert 0 < sent_max < L - len(truth.prompt_token_ids), "clamped, with the prompt still fitting"
+    r = stack.gateway.records()[-1]
+    assert r["error"] is None and "prompt_len_upper_bound" in r["normalizations"]
+    assert f"max_tokens_clamped:{2 * L}->{sent_max}" in r["normalizations"]
+    assert res.output_tokens == truth.usage["completion_tokens"]

@@ -1,0 +1,313 @@
+"""Security: no secret reaches a record, the log or the backend; a provider request never reaches the real host; only
+exact provider host names are decrypted. (test_proxy.py covers non-provider TLS, loopback bind, CA permissions.)
+
+The "real host" is a local TLS server we control (a sentinel counting connections): polar_hosts names it as
+`api.anthropic.com:<port>` etc., and the client tunnels `CONNECT 127.0.0.1:<port>` with the provider's name as SNI
+and Host — so if the proxy ever forwarded a flow, it would land exactly there.
+
+Scenarios: 1.x secrets · 2.x nothing reaches the real host · 3.x exact host matching.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import os
+import socket
+import ssl
+import threading
+import uuid
+
+import anthropic
+import h11
+import httpx
+import httpx2
+import openai
+import pytest
+from google import genai
+from google.genai import types as gtypes
+
+from tests.reliability import GOOGLE
+from tests.support.gateway import start_gateway
+from tests.support.scripted_upstream import Reply
+
+pytestmark = pytest.mark.integration
+
+TAG = uuid.uuid4().hex[:12]
+SECRETS = {
+    "anthropic_key": f"sk-ant-api03-SECRET{TAG}",
+    "openai_key": f"sk-proj-SECRET{TAG}",
+    "google_key": f"AIzaSECRET{TAG}",
+    "cookie": f"SESSIONCOOKIE{TAG}",
+    "proxy_password": f"PROXYPASS{TAG}",
+    "account": f"ACCOUNT{TAG}",
+}
+
+
+# -- a "real host" we control ------------------------------------------------------------------------------------
+
+
+def self_signed(directory, name: str) -> tuple[str, str]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
+    with open(cert_path, "wb") as fh:
+        fh.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as fh:
+        fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                   serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+class Sentinel:
+    """A TLS server playing the real provider: counts every TCP connection it accepts."""
+
+    def __init__(self, directory: str):
+        cert, key = self_signed(directory, "api.anthropic.com")
+        self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        self.ctx.load_cert_chain(cert, key)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            self.connections += 1
+            try:
+                conn.settimeout(2)
+                with self.ctx.wrap_socket(conn, server_side=True) as tls:
+                    tls.recv(65536)
+                    tls.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\nconnection: close\r\n\r\nreal-host")
+            except (OSError, ssl.SSLError):
+                pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.sock.close()
+
+
+def tunnel(proxy_port: int, target_port: int, sni: str, ca_pem: str, method: str = "POST", path: str = "/",
+           body: bytes = b"", headers: dict | None = None, host: str | None = None) -> tuple[int, bytes]:
+    """CONNECT 127.0.0.1:<target_port> through the proxy, TLS with `sni` trusting only `ca_pem`, one request.
+    Returns (status, raw response); raises ssl.SSLError when the certificate is not ours."""
+    raw = socket.create_connection(("127.0.0.1", proxy_port), timeout=15)
+    auth = base64.b64encode(b"security:x").decode()
+    raw.sendall(f"CONNECT 127.0.0.1:{target_port} HTTP/1.1\r\nHost: 127.0.0.1:{target_port}\r\n"
+                f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        chunk = raw.recv(4096)
+        assert chunk, head
+        head += chunk
+    assert head.startswith(b"HTTP/1.1 200"), head
+    tls = ssl.create_default_context(cafile=ca_pem).wrap_socket(raw, server_hostname=sni)
+    conn = h11.Connection(h11.CLIENT)
+    try:
+        hdrs = [("host", host or sni), ("content-length", str(len(body))), *(headers or {}).items()]
+        tls.sendall(conn.send(h11.Request(method=method, target=path, headers=hdrs)) + conn.send(h11.Data(data=body))
+                    + conn.send(h11.EndOfMessage()))
+        status, out = 0, b""
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(tls.recv(65536))
+            elif isinstance(event, h11.Response):
+                status = event.status_code
+            elif isinstance(event, h11.Data):
+                out += bytes(event.data)
+            elif isinstance(event, (h11.EndOfMessage, h11.ConnectionClosed)):
+                return status, out
+    finally:
+        tls.close()
+
+
+@pytest.fixture(scope="module")
+def sentinel_gateway(_upstream_server, tmp_path_factory):
+    base = tmp_path_factory.mktemp("sentinel")
+    sentinel = Sentinel(str(base))
+    other = Sentinel(str(base))  # the right name on a port polar_hosts does not list
+    names = ["api.anthropic.com", "api.openai.com", "generativelanguage.googleapis.com"]
+    gw = start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"),
+                       sets=[f"polar_hosts={n}:{sentinel.port}" for n in names])
+    gw.sentinel, gw.other = sentinel, other
+    yield gw
+    gw.stop()
+    sentinel.close()
+    other.close()
+
+
+# -- 1. secrets ------------------------------------------------------------------------------------------------------
+
+
+def test_1_1_no_key_cookie_or_proxy_password_in_records_logs_or_upstream(upstream, tmp_path):
+    base = tmp_path
+    gw = start_gateway(upstream.base_url, str(base / "run"), str(base / "flows"))
+    proxy = f"http://secret-session:{SECRETS['proxy_password']}@127.0.0.1:{gw.port}"
+    cookie = {"cookie": f"sid={SECRETS['cookie']}", "chatgpt-account-id": SECRETS["account"]}
+    try:
+        upstream.script(*[Reply(text="fine")] * 20)
+        a = anthropic.Anthropic(api_key=SECRETS["anthropic_key"], max_retries=0, default_headers=cookie,
+                                http_client=httpx2.Client(proxy=proxy, verify=gw.ssl_context(), trust_env=False))
+        a.messages.create(model="m", max_tokens=20, messages=[{"role": "user", "content": "hi"}])
+        with a.messages.stream(model="m", max_tokens=20, messages=[{"role": "user", "content": "hi"}]) as s:
+            s.get_final_message()
+        with pytest.raises(anthropic.BadRequestError):
+            a.messages.create(model="m", max_tokens=20, messages=[{"role": "tool", "content": "x"}])
+        o = openai.OpenAI(api_key=SECRETS["openai_key"], max_retries=0, default_headers=cookie,
+                          http_client=httpx.Client(proxy=proxy, verify=gw.ssl_context(), trust_env=False))
+        o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        list(o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True))
+        with pytest.raises(openai.BadRequestError):
+            o.chat.completions.create(model="m", messages=[{"role": "nobody", "content": "hi"}])
+        o.responses.create(model="m", input="hi")
+        list(o.responses.create(model="m", input="hi", stream=True))
+        g = genai.Client(api_key=SECRETS["google_key"], http_options=gtypes.HttpOptions(
+            headers=cookie, httpx_client=httpx.Client(proxy=proxy, verify=gw.ssl_context(), trust_env=False)))
+        g.models.generate_content(model="gemini-test", contents="hi")
+        list(g.models.generate_content_stream(model="gemini-test", contents="hi"))
+        # The key as a query parameter (older Gemini clients), and a backend failure on the error path.
+        upstream.script(Reply(fault="status:503"))
+        with gw.http_client(session=None) as client:
+            client.post(f"{GOOGLE.url(False)}?key={SECRETS['google_key']}", json=GOOGLE.body(False, "hi"),
+                        headers={"cookie": f"sid={SECRETS['cookie']}"})
+        records = gw.records()
+        assert len(records) >= 11 and {r["protocol"] for r in records} == {
+            "anthropic_messages", "openai_chat", "openai_responses", "google_generate"}
+        assert any(r["error"] for r in records)
+    finally:
+        gw.stop()
+    blobs = {}
+    for directory in (gw.flows_dir, gw.run_dir):
+        for name in os.listdir(directory):
+            with open(os.path.join(directory, name), "rb") as fh:
+                blobs[name] = fh.read()
+    assert any(name.endswith(".msgpack") for name in blobs) and any(name.endswith(".log") for name in blobs)
+    upstream_seen = repr([(r.headers, r.body) for r in upstream.requests]).encode()
+    for label, secret in SECRETS.items():
+        for name, blob in blobs.items():
+            assert secret.encode() not in blob, f"{label} found in {name}"
+        assert secret.encode() not in upstream_seen, f"{label} reached the backend"
+    # Redacted, not dropped: the record shows that the agent sent them.
+    r = next(r for r in records if r["protocol"] == "anthropic_messages")
+    headers = {k.lower(): v for k, v in r["request_headers"]}
+    present = {"x-api-key", "authorization", "cookie", "chatgpt-account-id"} & set(headers)
+    assert {"cookie", "chatgpt-account-id"} <= present and present & {"x-api-key", "authorization"}, sorted(headers)
+    assert all(headers[k] == "<redacted>" for k in present)
+    assert r["session"] == "secret-session"
+
+
+# -- 2. nothing reaches the real host --------------------------------------------------------------------------
+
+
+def cases(api_key: str = "sk-sentinel") -> list[tuple[str, str, bytes, dict]]:
+    """(sni, path, body, headers): requests that fail in translation, plus a good one and side endpoints."""
+    h = {"content-type": "application/json", "x-api-key": api_key, "authorization": f"Bearer {api_key}"}
+    gpath = "/v1beta/models/gemini-test:generateContent"
+    return [
+        ("api.anthropic.com", "/v1/messages", b"{not json", h),
+        ("api.anthropic.com", "/v1/messages", b'{"model": "m", "max_tokens": 5}', h),
+        ("api.anthropic.com", "/v1/messages", b'{"model": "m", "max_tokens": 5, "messages": [{"role": 7}]}', h),
+        ("api.anthropic.com", "/v1/messages", b"\x1f\x8bnot gzip", {**h, "content-encoding": "gzip"}),
+        ("api.anthropic.com", "/v1/organizations", b"", h),
+        ("api.anthropic.com", "/v1/messages", b'{"model": "m", "max_tokens": 5, "messages": '
+                                              b'[{"role": "user", "content": "ok"}]}', h),
+        ("api.openai.com", "/v1/chat/completions", b'{"model": "m", "messages": [{"role": "user"}], "n": 3}', h),
+        ("api.openai.com", "/v1/responses", b'{"model": "m", "input": 5, "previous_response_id": "r"}', h),
+        ("api.openai.com", "/v1/responses", b"[]", h),
+        # A body that makes the Google codec raise an unexpected exception (not a clean 400).
+        ("generativelanguage.googleapis.com", gpath, b'{"contents": [{"role": "model", "parts": '
+                                                     b'[{"functionCall": -1}]}]}', h),
+        ("generativelanguage.googleapis.com", gpath, b'{"contents": 5}', h),
+    ]
+
+
+def test_2_1_failed_translations_never_reach_the_real_host(sentinel_gateway, upstream):
+    gw = sentinel_gateway
+    gw.mark()
+    statuses = []
+    for sni, path, body, headers in cases():
+        status, raw = tunnel(gw.port, gw.sentinel.port, sni, gw.ca_pem, path=path, body=body, headers=headers)
+        assert status != 502 and b"real-host" not in raw, raw[:300]
+        statuses.append(status)
+    assert gw.sentinel.connections == 0
+    assert 200 in statuses and 404 in statuses and statuses.count(400) >= 6, statuses
+    assert len(gw.records()) == len(cases()) - 1  # every generation request, bad or not, has its record
+
+
+def test_2_2_package_import_failure_never_reaches_the_real_host(upstream, tmp_path):
+    blocker = tmp_path / "blocker"
+    blocker.mkdir()
+    (blocker / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'polar' or name.startswith('polar.'):\n"
+        "            raise ImportError('blocked for the fail-closed test')\n"
+        "sys.meta_path.insert(0, _Block())\n")
+    sentinel = Sentinel(str(tmp_path))
+    gw = start_gateway(upstream.base_url, str(tmp_path / "run"), str(tmp_path / "flows"),
+                       sets=[f"polar_hosts=api.anthropic.com:{sentinel.port}"], extra_args=["--allow-fail-closed"],
+                       env=dict(os.environ, PYTHONPATH=str(blocker)))
+    try:
+        for sni, path, body, headers in cases()[:6]:
+            status, raw = tunnel(gw.port, sentinel.port, sni, gw.ca_pem, path=path, body=body, headers=headers)
+            assert status == 503 and b"failed to load" in raw, raw[:300]
+        assert sentinel.connections == 0 and upstream.requests == []
+    finally:
+        gw.stop()
+        sentinel.close()
+
+
+# -- 3. exact host matching ------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sni", ["api.anthropic.com.evil.test", "xapi.anthropic.com", "anthropic.com",
+                                 "api-anthropic.com", "api.anthropic.co"])
+def test_3_1_a_look_alike_host_is_not_decrypted(sentinel_gateway, sni):
+    gw = sentinel_gateway
+    before = gw.sentinel.connections
+    # Tunnelled raw to the real host, whose own certificate our-CA-only clients reject: nobody minted one for it.
+    with pytest.raises(ssl.SSLCertVerificationError):
+        tunnel(gw.port, gw.sentinel.port, sni, gw.ca_pem, path="/v1/messages", body=b"{}")
+    assert gw.sentinel.connections == before + 1
+
+
+def test_3_2_the_right_name_on_an_unlisted_port_is_not_decrypted(sentinel_gateway):
+    gw = sentinel_gateway
+    with pytest.raises(ssl.SSLCertVerificationError):
+        tunnel(gw.port, gw.other.port, "api.anthropic.com", gw.ca_pem, path="/v1/messages", body=b"{}")
+    assert gw.other.connections == 1
+
+
+def test_3_3_the_exact_name_in_any_case_is_decrypted_and_answered_locally(sentinel_gateway, upstream):
+    gw = sentinel_gateway
+    before = gw.sentinel.connections
+    for sni in ("API.Anthropic.COM", "api.anthropic.com"):
+        status, raw = tunnel(gw.port, gw.sentinel.port, sni, gw.ca_pem, path="/v1/messages",
+                             body=b'{"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}',
+                             headers={"content-type": "application/json"})
+        assert status == 200 and b'"type":"message"' in raw, raw[:300]
+    assert gw.sentinel.connections == before
+

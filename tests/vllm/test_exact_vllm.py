@@ -1,0 +1,104 @@
+"""Exact on-policy mode on a real vLLM (the tiny model, CPU build), through the real proxy with the OpenAI SDK, at
+temperature 1.6 (`polar_sampling_override`), where re-rendered histories break the prefix (FIELD-NOTES §4).
+
+1.1  the startup probe accepts vLLM 0.30+ (non-canonical ids echoed unchanged)
+1.2  a three-turn session (forced tool call → tool result → free answer → follow-up): every follow-up takes the exact
+     path, vLLM's prompt of turn N+1 starts with prompt N + the sampled ids, and polar-process merges the session
+     into one sequence with 0 breaks and 0 context_mismatch, equal to the last real prompt + completion
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import polars as pl
+import pytest
+
+from polar.addon import record as rec
+from polar.processor.cli import main as polar_process
+from tests.support.gateway import ROOT, start_gateway
+from tests.support.recording_relay import RecordingRelay
+from tests.support.vllm_server import shared_vllm
+
+pytestmark = pytest.mark.vllm
+
+BASH = {"type": "function", "function": {"name": "bash", "description": "Run a shell command",
+                                         "parameters": {"type": "object", "properties": {"command": {"type": "string"}},
+                                                        "required": ["command"]}}}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    server = shared_vllm("tiny")
+    relay = RecordingRelay(server.root_url)
+    relay.start()
+    base = tmp_path_factory.mktemp("exact-vllm")
+    gw = start_gateway(relay.base_url, str(base / "run"), str(base / "flows"),
+                       sets=["polar_exact=true", "polar_sampling_override=temperature=1.6"])
+    yield relay, gw, base
+    gw.stop()
+    relay.stop()
+
+
+def _ids(blob):
+    return rec.unpack_ids(blob)
+
+
+def test_1_1_probe_accepts_vllm(setup):
+    import openai
+
+    relay, gw, _ = setup
+    client = openai.OpenAI(api_key="sk", base_url="https://api.openai.com/v1", max_retries=0, timeout=300,
+                           http_client=gw.sdk_http_client("probe"))
+    client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    assert "takes prompt token ids" in gw.log_text()
+    assert gw.records()[-1]["exact"]["fallback_reason"] == "no_parent"
+
+
+def test_1_2_three_turn_session_is_exact_and_merges_without_breaks(setup):
+    import openai
+
+    relay, gw, base = setup
+    gw.mark()
+    client = openai.OpenAI(api_key="sk", base_url="https://api.openai.com/v1", max_retries=0, timeout=300,
+                           http_client=gw.sdk_http_client("exact-s1"))
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "List the files."}]
+    r1 = client.chat.completions.create(model="gpt-4o", messages=msgs, tools=[BASH], tool_choice="required",
+                                        max_tokens=200)
+    calls = r1.choices[0].message.tool_calls
+    assert calls, r1.choices[0].message
+    msgs.append({"role": "assistant", "content": None, "tool_calls": [
+        {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": c.function.arguments}}
+        for c in calls]})
+    msgs += [{"role": "tool", "tool_call_id": c.id, "content": "a.txt b.txt"} for c in calls]
+    r2 = client.chat.completions.create(model="gpt-4o", messages=msgs, tools=[BASH], tool_choice="none",
+                                        max_tokens=24)
+    msgs += [{"role": "assistant", "content": r2.choices[0].message.content or "(no answer)"},
+             {"role": "user", "content": "Thanks. And now?"}]
+    client.chat.completions.create(model="gpt-4o", messages=msgs, tools=[BASH], tool_choice="none", max_tokens=24)
+
+    recs = [r for r in gw.records() if r["session"] == "exact-s1"]
+    assert len(recs) == 3
+    edited = not r2.choices[0].message.content  # an empty answer had to be edited by the "agent"
+    assert recs[1]["exact"]["path"] == "exact", recs[1]["exact"]
+    if not edited:
+        assert recs[2]["exact"]["path"] == "exact", recs[2]["exact"]
+    truth = [x.truth() for x in relay.chats() if (x.json() or {}).get("max_tokens") != 1][-3:]
+    for r, t in zip(recs, truth):
+        assert _ids(r["prompt_token_ids"]) == t.prompt_token_ids
+        assert _ids(r["completion_token_ids"]) == t.completion_ids
+    for a, b in zip(truth, truth[1:]):
+        if not edited or b is truth[1]:
+            assert b.prompt_token_ids[:len(a.prompt_token_ids) + len(a.completion_ids)] == \
+                a.prompt_token_ids + a.completion_ids
+
+    out = base / "out"
+    assert polar_process([gw.flows_dir, "-o", str(out), "-q", "--overwrite", "--tokenizer",
+                          os.path.join(ROOT, ".cache", "models", "tiny")]) == 0
+    report = json.loads((out / "report.json").read_text())
+    seqs = pl.read_parquet(out / "sequences.parquet").filter(pl.col("session") == "exact-s1")
+    assert [b for b in report["breaks"] if b["session"] == "exact-s1"] == []
+    if not edited:
+        assert seqs.height == 1 and "context_mismatch" not in seqs["flags"][0].to_list()
+        assert seqs["input_ids"][0].to_list() == truth[-1].prompt_token_ids + truth[-1].completion_ids
