@@ -316,7 +316,7 @@ class _Call:
                                             forced_tool_choice=self.forced_tool_choice,
                                             call_id_prefix=f"call_{self.p.record_id.replace('-', '')[-12:]}")
         url = f"{self.backend.base_url}/chat/completions"
-        client = self.backend.client
+        client = getattr(self.backend, "stream_client", None) or self.backend.client
         # polar_first_byte_timeout bounds everything up to the first chunk, response headers included (a backend
         # that never sends its status line must not hold the call forever: the client's read timeout is off).
         deadline = time.monotonic() + self.settings.first_byte_timeout

@@ -24,9 +24,16 @@ from .call import CallSettings, PendingCall, handle_call, strip_key_param
 from .endpoint import Endpoint, Responder
 from .exact import ExactMode, TurnCache
 from .record import FlowWriter, uuid7
-from .upstream import parse_sampling_override
+from .upstream import StreamClient, parse_sampling_override
 
 log = logging.getLogger("polar.gateway")
+
+
+async def _close_backend(backend: Backend) -> None:
+    stream_client = getattr(backend, "stream_client", None)
+    if stream_client is not None:
+        await stream_client.aclose()
+    await backend.close()
 
 READY_HOST = "polar.gateway"  # `curl -x <proxy> http://polar.gateway/ready` — the readiness probe of scripts/proxy
 
@@ -164,8 +171,13 @@ class PolarGateway:
             old = self.backend
             self.backend = Backend(opts.polar_upstream, opts.polar_model, opts.polar_backend,
                                    opts.polar_upstream_api_key, num["polar_connect_timeout"])
+            # The streamed chat call goes through a lean HTTP/1.1 client on plain-http backends (httpx costs ~10x
+            # its CPU per streamed call, BENCHMARKS.md); /models, /version and /tokenize stay on httpx.
+            if self.backend.base_url.startswith("http://"):
+                self.backend.stream_client = StreamClient(self.backend.base_url, self.backend.headers,
+                                                          num["polar_connect_timeout"])
             if old is not None:
-                asyncio.get_event_loop().create_task(old.close())
+                asyncio.get_event_loop().create_task(_close_backend(old))
 
     async def running(self) -> None:
         if self._loopback_forced:
@@ -177,7 +189,7 @@ class PolarGateway:
     async def done(self) -> None:
         await self.endpoint.stop()
         if self.backend is not None:
-            await self.backend.close()
+            await _close_backend(self.backend)
         if self.writer is not None:
             self.writer.close()
 

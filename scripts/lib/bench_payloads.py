@@ -55,6 +55,13 @@ def _generated_body() -> dict:
             "messages": [{"role": "user", "content": [{"type": "text", "text": filler(4000, 2)}]}], "tools": tools}
 
 
+def small_bodies() -> tuple[list[dict], str]:
+    """A one-message request (~300 bytes): the per-call fixed cost, without the size of real agent prompts."""
+    body = {"model": "claude-opus-4-8", "max_tokens": 1024, "stream": False,
+            "messages": [{"role": "user", "content": filler(200, 5)}]}
+    return [body], "small: one ~300-byte single-message body (no tools)"
+
+
 def anthropic_bodies() -> tuple[list[dict], str]:
     """Scrubbed Claude Code request bodies, and where they came from."""
     bodies = []

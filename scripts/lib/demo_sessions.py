@@ -41,16 +41,17 @@ def anthropic_session() -> str:
     client = anthropic.Anthropic(api_key="sk-demo-not-a-real-key")
     tools = [{"name": TOOL_NAME, "description": TOOL_DESC, "input_schema": TOOL_SCHEMA}]
     messages = [{"role": "user", "content": QUESTION}]
-    first = client.messages.create(model="claude-demo", max_tokens=64, tools=tools, tool_choice={"type": "any"},
+    first = client.messages.create(model="claude-demo", max_tokens=128, tools=tools, tool_choice={"type": "any"},
                                    messages=messages)
-    call = next(b for b in first.content if b.type == "tool_use")
+    calls = [b for b in first.content if b.type == "tool_use"]
+    call = calls[0]
     messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": call.id,
-                                               "content": run_tool(call.input)}]}]
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.id, "content": run_tool(c.input)}
+                                              for c in calls]}]
     with client.messages.stream(model="claude-demo", max_tokens=48, tools=tools, tool_choice={"type": "none"},
                                 messages=messages) as stream:
         final = stream.get_final_message()
-    return f"tool {call.name}({json.dumps(call.input)}) → answer: {''.join(b.text for b in final.content if b.type == 'text')!r}"
+    return f"{len(calls)} call(s), {call.name}({json.dumps(call.input)}) → answer: {''.join(b.text for b in final.content if b.type == 'text')!r}"
 
 
 def openai_chat_session() -> str:
@@ -59,12 +60,13 @@ def openai_chat_session() -> str:
     client = openai.OpenAI(api_key="sk-demo-not-a-real-key")
     tools = [{"type": "function", "function": {"name": TOOL_NAME, "description": TOOL_DESC, "parameters": TOOL_SCHEMA}}]
     messages = [{"role": "user", "content": QUESTION}]
-    first = client.chat.completions.create(model="gpt-demo", max_tokens=64, tools=tools, tool_choice="required",
+    first = client.chat.completions.create(model="gpt-demo", max_tokens=128, tools=tools, tool_choice="required",
                                            messages=messages)
     msg = first.choices[0].message
     call = msg.tool_calls[0]
-    messages += [msg.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": run_tool(call.function.arguments)}]
+    messages.append(msg.model_dump(exclude_none=True))
+    messages += [{"role": "tool", "tool_call_id": c.id, "content": run_tool(c.function.arguments)}
+                 for c in msg.tool_calls]
     text = []
     for chunk in client.chat.completions.create(model="gpt-demo", max_tokens=48, tools=tools, tool_choice="none",
                                                 messages=messages, stream=True):
@@ -80,15 +82,21 @@ def openai_responses_session() -> str:
     tools = [{"type": "function", "name": TOOL_NAME, "description": TOOL_DESC, "parameters": TOOL_SCHEMA,
               "strict": False}]
     items: list = [{"role": "user", "content": QUESTION}]
-    first = client.responses.create(model="gpt-demo", max_output_tokens=64, tools=tools, tool_choice="required",
+    first = client.responses.create(model="gpt-demo", max_output_tokens=128, tools=tools, tool_choice="required",
                                     input=items)
-    call = next(item for item in first.output if item.type == "function_call")
+    calls = [item for item in first.output if item.type == "function_call"]
+    call = calls[0]
     items += [item.model_dump(exclude_none=True) for item in first.output]
-    items.append({"type": "function_call_output", "call_id": call.call_id, "output": run_tool(call.arguments)})
-    with client.responses.stream(model="gpt-demo", max_output_tokens=48, tools=tools, tool_choice="none",
-                                 input=items) as stream:
-        final = stream.get_final_response()
-    return f"tool {call.name}({call.arguments}) → answer: {final.output_text!r}"
+    items += [{"type": "function_call_output", "call_id": c.call_id, "output": run_tool(c.arguments)} for c in calls]
+    text, status = [], None
+    # Events, not stream.get_final_response(): a max_output_tokens stop ends in response.incomplete, not completed.
+    for event in client.responses.create(model="gpt-demo", max_output_tokens=48, tools=tools, tool_choice="none",
+                                         input=items, stream=True):
+        if event.type == "response.output_text.delta":
+            text.append(event.delta)
+        elif event.type in ("response.completed", "response.incomplete"):
+            status = event.response.status
+    return f"tool {call.name}({call.arguments}) → answer ({status}): {''.join(text)!r}"
 
 
 def google_session() -> str:
@@ -99,13 +107,13 @@ def google_session() -> str:
     tool = types.Tool(function_declarations=[types.FunctionDeclaration(
         name=TOOL_NAME, description=TOOL_DESC, parameters_json_schema=TOOL_SCHEMA)])
     contents = [types.Content(role="user", parts=[types.Part(text=QUESTION)])]
-    forced = types.GenerateContentConfig(tools=[tool], max_output_tokens=64, tool_config=types.ToolConfig(
+    forced = types.GenerateContentConfig(tools=[tool], max_output_tokens=128, tool_config=types.ToolConfig(
         function_calling_config=types.FunctionCallingConfig(mode="ANY")))
     first = client.models.generate_content(model="gemini-demo", contents=contents, config=forced)
     call = first.function_calls[0]
     contents += [first.candidates[0].content,
                  types.Content(role="user", parts=[types.Part(function_response=types.FunctionResponse(
-                     id=call.id, name=call.name, response=json.loads(run_tool(call.args))))])]
+                     id=c.id, name=c.name, response=json.loads(run_tool(c.args)))) for c in first.function_calls])]
     none = types.GenerateContentConfig(tools=[tool], max_output_tokens=48, tool_config=types.ToolConfig(
         function_calling_config=types.FunctionCallingConfig(mode="NONE")))
     text = "".join(chunk.text or "" for chunk in client.models.generate_content_stream(

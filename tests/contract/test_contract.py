@@ -293,7 +293,8 @@ def test_2_forced_tool_call_comes_back_in_the_providers_shape(agent_env, protoco
     sent = ex.json()
     assert sent["tool_choice"] == "required" and sent["tools"][0]["function"]["name"] == TOOL_NAME
     truth = ex.truth()
-    assert truth.finish_reason == "tool_calls", truth
+    assert truth.finish_reason == "tool_calls", (truth.finish_reason, len(truth.completion_ids or ()),
+                                                 truth.content[:200], truth.tool_calls[:3])
     backend_calls = [(c["name"], json.loads(c["arguments"])) for c in truth.tool_calls]
     assert backend_calls and backend_calls[0][1]["unit"] in ("c", "f")
     assert res.tool_calls == backend_calls, "the provider's tool-call shape carries the backend's call"

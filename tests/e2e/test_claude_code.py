@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 
 import pytest
 
@@ -49,3 +50,12 @@ def test_3_title_side_call_with_nonessential_traffic(gateway, main_script, agent
         assert body["response_format"]["type"] == "json_schema" and not body.get("tools")
         assert r.finish_reason == "stop" and isinstance(json.loads(r.content), dict)
     check_merge(process_session(gateway, run.session, tmp_path / "out"), main_script, len(records))
+
+
+def test_4_run_agent_mints_a_uuid7_session(gateway, main_script, agents):
+    main_script(Reply(text="Polar answer four."))
+    run = agents.run("claude-code", "Say hi.", mint_session=True)
+    assert run.returncode == 0, run.explain()
+    assert "Polar answer four." in run.stdout and "polar-session:" not in run.stdout
+    assert uuid.UUID(run.session).version == 7, run.stderr
+    session_records(gateway, run.session)

@@ -55,6 +55,13 @@ class Exchange:
     response_headers: dict[str, str] = field(default_factory=dict)
     response_body: bytes = b""
     complete: bool = False  # the backend's response ended normally
+    finished: threading.Event = field(default_factory=threading.Event, repr=False)  # the relay is done with it
+
+    def wait(self, timeout: float = 10.0) -> "Exchange":
+        """Block until the relay has finished this exchange (its last bytes may reach the client first)."""
+        if not self.finished.wait(timeout):
+            raise TimeoutError(f"relay exchange {self.method} {self.path} still open after {timeout}s")
+        return self
 
     def json(self) -> Any:
         return json.loads(self.request_body) if self.request_body else None
@@ -189,7 +196,8 @@ class RecordingRelay:
     def chats(self, since: int = 0) -> list[Exchange]:
         """Chat-completion exchanges, in arrival order, from index `since` on."""
         with self._lock:
-            return [e for e in self.exchanges[since:] if e.path.split("?")[0].endswith("/chat/completions")]
+            found = [e for e in self.exchanges[since:] if e.path.split("?")[0].endswith("/chat/completions")]
+        return [e.wait() for e in found]
 
     def clear(self) -> None:
         with self._lock:
@@ -220,9 +228,18 @@ class _Handler(BaseHTTPRequestHandler):
     def _relay(self) -> None:
         relay = self.relay
         body = self._read_body()
-        headers = {k: v for k, v in self.headers.items() if k.lower() not in HOP_BY_HOP}
+        # The body is re-framed with its own Content-Length: drop the sender's (any spelling) so it is never doubled.
+        headers = {k: v for k, v in self.headers.items()
+                   if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"}
         ex = Exchange(self.command, self.path, {k.lower(): v for k, v in headers.items()}, body)
         relay._add(ex)
+        try:
+            self._forward(ex, headers, body)
+        finally:
+            ex.finished.set()
+
+    def _forward(self, ex: Exchange, headers: dict, body: bytes) -> None:
+        relay = self.relay
         conn = http.client.HTTPConnection(*relay._upstream, timeout=relay.timeout)
         try:
             if body or self.command in ("POST", "PUT", "PATCH"):
@@ -252,13 +269,13 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self.send_header("content-length", length)
         self.end_headers()
-        parts = []
         try:
             while True:
                 data = resp.read1(65536)
                 if not data:
                     break
-                parts.append(data)
+                # Kept before it is forwarded: whatever the client has seen is already in the log.
+                ex.response_body += data
                 # One upstream read → one downstream write: the relay adds no buffering of its own.
                 self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
                 self.wfile.flush()
@@ -270,7 +287,6 @@ class _Handler(BaseHTTPRequestHandler):
             # The backend dropped the stream: drop ours the same way so the gateway sees the same failure.
             self.close_connection = True
         finally:
-            ex.response_body = b"".join(parts)
             conn.close()
 
     do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _relay
