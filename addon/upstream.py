@@ -254,6 +254,10 @@ class StreamReader:
         if finish:
             self.finish_reason = finish
             self.stop_reason = choice.get("stop_reason")
+            if self.stop_reason is None and isinstance(choice.get("matched_stop"), str):
+                # SGLang names a matched stop string in `matched_stop` (an int there is EOS or a stop id: not kept,
+                # so a null stop_reason still means EOS as with vLLM).
+                self.stop_reason = choice["matched_stop"]
         if not (text or reasoning or calls or finish or entries):
             return None
         return Delta(text=text, reasoning=reasoning, tool_calls=tuple(calls), finish_reason=finish,

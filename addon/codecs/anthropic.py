@@ -407,6 +407,8 @@ def to_chat(body, route: Route) -> ChatPlan:
         raise _fail("messages", "Field required")
     if not isinstance(raw_messages, list):
         raise _fail("messages", "Input should be a valid list")
+    if not raw_messages and route.kind == "generate":
+        raise AgentInputError("messages: at least one message is required")
 
     messages: list[dict] = []
     if body.get("system") is not None:

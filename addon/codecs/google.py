@@ -208,6 +208,8 @@ def _text_of(content, where: str) -> str:
         parts = content
     else:
         raise AgentInputError(f"{where} must be a Content object")
+    if not isinstance(parts, list):
+        raise AgentInputError(f"{where}.parts must be a list")
     texts = []
     for p in parts:
         if not isinstance(p, dict) or not isinstance(p.get("text", ""), str):
@@ -335,13 +337,15 @@ class _History:
                     self.note("foreign_thought_signature_ignored")
             if "functionCall" in p:
                 fc = p["functionCall"] or {}
-                if not isinstance(fc.get("name"), str):
+                if not isinstance(fc, dict) or not isinstance(fc.get("name"), str):
                     raise AgentInputError(f"contents[{turn}].parts[{i}].functionCall needs a name")
                 args = fc.get("args", {})
                 if not isinstance(args, dict):
                     raise AgentInputError(f"contents[{turn}].parts[{i}].functionCall.args must be an object")
                 cid = fc.get("id") or f"call_{turn}_{i}"  # stable across turns: position in the history
                 calls.append({"id": cid, "type": "function", "function": {"name": fc["name"], "args": args}})
+            elif "text" in p and not isinstance(p["text"], str):
+                raise AgentInputError(f"contents[{turn}].parts[{i}].text must be a string")
             elif p.get("thought") and "text" in p:
                 reasoning.append(p["text"])
             elif "text" in p:
@@ -402,6 +406,8 @@ def _tools(body: dict, notes: list[str], schema_notes: set[str]) -> list[dict]:
             raise AgentInputError("each tool must be an object")
         for key, value in t.items():
             if key == "functionDeclarations":
+                if not isinstance(value, (list, type(None))):
+                    raise AgentInputError("functionDeclarations must be a list")
                 for fd in value or []:
                     if not isinstance(fd, dict) or not isinstance(fd.get("name"), str) or not fd["name"]:
                         raise AgentInputError("each functionDeclaration needs a name")

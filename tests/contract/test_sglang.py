@@ -139,3 +139,26 @@ def test_3_max_tokens_beyond_the_context_is_clamped_without_a_chat_tokenize(sgla
     assert r["error"] is None and "prompt_len_upper_bound" in r["normalizations"]
     assert f"max_tokens_clamped:{2 * L}->{sent_max}" in r["normalizations"]
     assert res.output_tokens == truth.usage["completion_tokens"]
+
+
+def test_4_a_matched_stop_string_is_the_records_stop_reason_and_anthropics_stop_sequence(sglang_env):
+    import anthropic
+
+    stack = sglang_env
+    stack.upstream.script(Reply(text="Hello there, friend of mine."))
+    msg = anthropic.Anthropic(api_key="sk-ant-contract", max_retries=0, timeout=60).messages.create(
+        model="claude-sonnet-4-6", max_tokens=64, stop_sequences=["friend"],
+        messages=[{"role": "user", "content": "Say hi."}])
+    chunks = stack.relay.chats()[-1].chunks
+    assert [c["choices"][0]["matched_stop"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] \
+        == ["friend"]
+    assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", "friend")
+    (r,) = stack.gateway.records()
+    assert (r["finish_reason"], r["stop_reason"]) == ("stop", "friend")
+    # A natural end: matched_stop is the EOS id, and the record keeps vLLM's meaning (null = EOS).
+    stack.gateway.mark()
+    stack.upstream.script(Reply(text="Bye."))
+    AGENTS["anthropic_messages"]("Say bye.", 64, False, False)
+    (r,) = stack.gateway.records()
+    assert isinstance(stack.relay.chats()[-1].chunks[-4]["choices"][0]["matched_stop"], int)
+    assert (r["finish_reason"], r["stop_reason"]) == ("stop", None)

@@ -70,14 +70,7 @@ SEEDS = {
         "generationConfig": {"maxOutputTokens": 64, "temperature": 0.5}},
 }
 
-# Reported to the Google codec's owner (failing inputs in the issue report): a part or field of the wrong JSON type
-# raises AttributeError/TypeError in to_chat (→ the gateway's 503 instead of Google's 400), e.g.
-# {"contents": [{"role": "model", "parts": [{"functionCall": -1}]}]}, {"systemInstruction": {"parts": 7}},
-# {"tools": [{"functionDeclarations": true}]}, {"contents": [{"role": "model", "parts": [{"text": 1}]}]}.
-# Strict: the mark must go when the codec is fixed.
-GOOGLE_TYPE_BUG = pytest.mark.xfail(strict=True, reason="google codec: wrong-typed parts raise (reported)")
-CODEC_NAMES = [pytest.param(n, marks=GOOGLE_TYPE_BUG) if n == "google_generate" else n
-               for n in ("anthropic_messages", "openai_chat", "openai_responses", "google_generate")]
+CODEC_NAMES = ["anthropic_messages", "openai_chat", "openai_responses", "google_generate"]
 
 CODECS = {"anthropic_messages": anthropic, "openai_chat": openai_chat, "openai_responses": openai_responses,
           "google_generate": google}
