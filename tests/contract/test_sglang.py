@@ -6,7 +6,12 @@ sglang_upstream.py) behind the recording relay and the real gateway, with `polar
    the record carries the prompt/completion ids from the trailing `sglext` chunk and the per-chunk logprobs, exactly
    as the backend sent them; `backend` is {kind: sglang, version, system_fingerprint: null}.
 2. The agent gets the backend's usage (input tokens arrive only at the end of SGLang's stream: the closing usage
-   carries them) and the right stop reason; reasoning sent as `reasoning_content` reaches the agent.
+   carries them) and the right stop reason; reasoning sent as `reasoning_content` reaches the agent. A forced tool
+   call and a max_tokens cut come through each protocol too.
+3. max_tokens beyond the context: SGLang's /tokenize cannot count chat messages, so the gateway clamps against the
+   prompt's upper bound (normalization `prompt_len_upper_bound`) instead of failing the call.
+4. `matched_stop`: a stop string becomes the record's stop_reason (Anthropic stop_sequence); the EOS id does not
+   (null stop_reason = EOS, as with vLLM).
 """
 
 from __future__ import annotations
@@ -141,6 +146,11 @@ def test_3_max_tokens_beyond_the_context_is_clamped_without_a_chat_tokenize(sgla
     assert res.output_tokens == truth.usage["completion_tokens"]
 
 
+def matched_stops(stack) -> list:
+    chunks = stack.relay.chats()[-1].chunks
+    return [c["choices"][0]["matched_stop"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+
+
 def test_4_a_matched_stop_string_is_the_records_stop_reason_and_anthropics_stop_sequence(sglang_env):
     import anthropic
 
@@ -149,9 +159,7 @@ def test_4_a_matched_stop_string_is_the_records_stop_reason_and_anthropics_stop_
     msg = anthropic.Anthropic(api_key="sk-ant-contract", max_retries=0, timeout=60).messages.create(
         model="claude-sonnet-4-6", max_tokens=64, stop_sequences=["friend"],
         messages=[{"role": "user", "content": "Say hi."}])
-    chunks = stack.relay.chats()[-1].chunks
-    assert [c["choices"][0]["matched_stop"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] \
-        == ["friend"]
+    assert matched_stops(stack) == ["friend"]
     assert (msg.stop_reason, msg.stop_sequence) == ("stop_sequence", "friend")
     (r,) = stack.gateway.records()
     assert (r["finish_reason"], r["stop_reason"]) == ("stop", "friend")
@@ -160,5 +168,6 @@ def test_4_a_matched_stop_string_is_the_records_stop_reason_and_anthropics_stop_
     stack.upstream.script(Reply(text="Bye."))
     AGENTS["anthropic_messages"]("Say bye.", 64, False, False)
     (r,) = stack.gateway.records()
-    assert isinstance(stack.relay.chats()[-1].chunks[-4]["choices"][0]["matched_stop"], int)
+    (eos,) = matched_stops(stack)
+    assert isinstance(eos, int) and rec.token_ids(r, "completion_token_ids")[-1] == eos
     assert (r["finish_reason"], r["stop_reason"]) == ("stop", None)

@@ -149,6 +149,10 @@ def minimal_json(schema: Any) -> Any:
     return {}
 
 
+class _Server(ThreadingHTTPServer):
+    request_queue_size = 1024  # the stdlib's 5 drops connections under bursts of concurrent calls (soak, fuzz)
+
+
 class ScriptedUpstream:
     """A vLLM-compatible OpenAI server in a background thread, answering from a script."""
 
@@ -185,7 +189,7 @@ class ScriptedUpstream:
         """Start serving; returns the OpenAI base URL `http://127.0.0.1:<port>/v1`."""
         if self._server is None:
             handler = type("Handler", (_Handler,), {"upstream": self})
-            self._server = ThreadingHTTPServer((self._host, self._port), handler)
+            self._server = _Server((self._host, self._port), handler)
             self._server.daemon_threads = True
             self._thread = threading.Thread(target=self._server.serve_forever, name="scripted-upstream", daemon=True)
             self._thread.start()
