@@ -2,9 +2,10 @@
 through an HTTP proxy with CONNECT + TLS (how an agent with HTTPS_PROXY reaches the provider), in several processes.
 
 Run as its own process so its CPU is its own: `python bench_load.py CONFIG.json` prints one JSON result line.
-Config: target {host, port, proxy: {host, port, user, ca} | null, tls_host}, path, headers, bodies (list of str),
-conc, procs, warmup (calls per connection, untimed; every connection in every process is open and warm before
+Config: target {host, port, proxy: {host, port, ports?, user, ca} | null, tls_host}, path, headers, bodies (str
+list), conc, procs, warmup (calls per connection, untimed; every connection in every process is open and warm before
 the timed part starts), then either count (calls per connection) or duration (seconds from a common start).
+proxy.ports (a fleet): connection i, numbered across all processes, goes through ports[i % len(ports)].
 Result: n, errors, first_error, lat_ms (whole response), ttfb_ms (first body byte), window_s, cpu_s (user+sys of
 this process and its workers).
 """
@@ -22,8 +23,9 @@ import time
 
 
 class Conn:
-    def __init__(self, cfg: dict):
+    def __init__(self, cfg: dict, idx: int = 0):
         self.cfg = cfg
+        self.idx = idx
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -33,7 +35,9 @@ class Conn:
         if proxy is None:
             self.reader, self.writer = await asyncio.open_connection(t["host"], t["port"], limit=1 << 22)
             return
-        self.reader, self.writer = await asyncio.open_connection(proxy["host"], proxy["port"], limit=1 << 22)
+        ports = proxy.get("ports") or [proxy["port"]]
+        port = ports[self.idx % len(ports)]  # round-robin over a fleet, by global connection number
+        self.reader, self.writer = await asyncio.open_connection(proxy["host"], port, limit=1 << 22)
         auth = base64.b64encode(f"{proxy['user']}:x".encode()).decode()
         self.writer.write(f"CONNECT {t['tls_host']}:443 HTTP/1.1\r\nHost: {t['tls_host']}:443\r\n"
                           f"Proxy-Authorization: Basic {auth}\r\n\r\n".encode())
@@ -90,7 +94,7 @@ class Conn:
 
 
 async def _connection(cfg: dict, bodies: list[bytes], idx: int, ready: asyncio.Event, go: dict, out: dict):
-    conn = Conn(cfg)
+    conn = Conn(cfg, idx)
     await conn.open()
     k = idx
     try:

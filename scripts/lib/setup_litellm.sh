@@ -14,7 +14,7 @@ set -euo pipefail
 
 ROOT="${POLAR_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
 VENV="${POLAR_LITELLM_VENV:-$ROOT/.cache/venvs/litellm}"
-SPEC="${POLAR_LITELLM_SPEC:-litellm[proxy]}"
+SPEC="${POLAR_LITELLM_SPEC:-litellm[proxy]==1.108.7}"  # newer releases need litellm-proxy, not on this index
 STAMP="$VENV/.polar-setup.stamp"
 
 say() { printf 'setup_litellm: %s\n' "$*" >&2; }
