@@ -311,7 +311,7 @@ class _Call:
         return 200
 
     async def _generate(self, info, upstream_body: bytes, extra_headers: dict) -> int:
-        codec, plan = self.codec, self.plan
+        plan = self.plan
         self.reader = reader = StreamReader(keep_logprob_entries=plan.agent_top_logprobs is not None,
                                             forced_tool_choice=self.forced_tool_choice,
                                             call_id_prefix=f"call_{self.p.record_id.replace('-', '')[-12:]}")

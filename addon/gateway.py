@@ -177,7 +177,10 @@ class PolarGateway:
                 self.backend.stream_client = StreamClient(self.backend.base_url, self.backend.headers,
                                                           num["polar_connect_timeout"])
             if old is not None:
-                asyncio.get_event_loop().create_task(_close_backend(old))
+                try:
+                    asyncio.get_running_loop().create_task(_close_backend(old))
+                except RuntimeError:
+                    pass  # configured before the event loop runs: nothing was opened yet
 
     async def running(self) -> None:
         if self._loopback_forced:

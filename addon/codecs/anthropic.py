@@ -38,6 +38,7 @@ import orjson
 
 from polar.addon.codecs.base import (
     AgentInputError,
+    Notes,
     ChatPlan,
     Completion,
     Delta,
@@ -124,16 +125,6 @@ def session_key(headers, body: dict | None) -> SessionKey | None:
 
 # ------------------------------------------------------------------------------------------------------- to_chat
 
-class _Notes:
-    """Ordered, de-duplicated normalization strings."""
-
-    def __init__(self) -> None:
-        self.items: dict[str, None] = {}
-
-    def add(self, note: str) -> None:
-        self.items.setdefault(note, None)
-
-
 def _fail(where: str, message: str) -> AgentInputError:
     return AgentInputError(f"{where}: {message}" if where else message)
 
@@ -157,7 +148,7 @@ def _blocks(content, where: str) -> list[dict]:
     return content
 
 
-def _note_cache(block: dict, notes: _Notes) -> None:
+def _note_cache(block: dict, notes: Notes) -> None:
     if "cache_control" in block:
         notes.add("ignored_cache_control")
 
@@ -195,7 +186,7 @@ def _parts_content(parts: list[dict]) -> str | list[dict]:
     return parts
 
 
-def _tool_message(block: dict, where: str, notes: _Notes) -> dict:
+def _tool_message(block: dict, where: str, notes: Notes) -> dict:
     tool_use_id = block.get("tool_use_id")
     if not isinstance(tool_use_id, str) or not tool_use_id:
         raise _fail(f"{where}.tool_use_id", "Field required")
@@ -228,7 +219,7 @@ def _tool_message(block: dict, where: str, notes: _Notes) -> dict:
     return {"role": "tool", "tool_call_id": tool_use_id, "content": content}
 
 
-def _user_messages(content, where: str, notes: _Notes) -> list[dict]:
+def _user_messages(content, where: str, notes: Notes) -> list[dict]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     tools: list[dict] = []
@@ -257,7 +248,7 @@ def _user_messages(content, where: str, notes: _Notes) -> list[dict]:
     return out
 
 
-def _assistant_message(content, where: str, notes: _Notes) -> dict:
+def _assistant_message(content, where: str, notes: Notes) -> dict:
     if isinstance(content, str):
         return {"role": "assistant", "content": content}
     texts: list[str] = []
@@ -304,7 +295,7 @@ def _assistant_message(content, where: str, notes: _Notes) -> dict:
     return message
 
 
-def _system_text(content, where: str, notes: _Notes) -> str | None:
+def _system_text(content, where: str, notes: Notes) -> str | None:
     """Blank-line-joined text of a system string or text blocks, the billing header removed; None when empty."""
     texts = []
     for i, block in enumerate(_blocks(content, where)):
@@ -319,7 +310,7 @@ def _system_text(content, where: str, notes: _Notes) -> str | None:
     return "\n\n".join(texts) if texts else None
 
 
-def _tools(raw, notes: _Notes) -> list[dict]:
+def _tools(raw, notes: Notes) -> list[dict]:
     if not isinstance(raw, list):
         raise _fail("tools", "Input should be a valid list")
     out = []
@@ -346,7 +337,7 @@ def _tools(raw, notes: _Notes) -> list[dict]:
     return out
 
 
-def _tool_choice(raw, tool_names: set[str], notes: _Notes):
+def _tool_choice(raw, tool_names: set[str], notes: Notes):
     """(OpenAI tool_choice, constrained)."""
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise _fail("tool_choice", "Input should be an object with a `type`")
@@ -390,7 +381,7 @@ def to_chat(body, route: Route) -> ChatPlan:
     """An Anthropic Messages request as an OpenAI chat request (module docstring: the rules)."""
     if not isinstance(body, dict):
         raise AgentInputError("request body must be a JSON object")
-    notes = _Notes()
+    notes = Notes()
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _fail("model", "Input should be a valid string")

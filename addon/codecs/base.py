@@ -26,6 +26,8 @@ The gateway owns everything between: upstream shaping, the backend call, timeout
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -137,6 +139,25 @@ class AgentInputError(GatewayError):
 
     def __init__(self, message: str):
         super().__init__("bad_request", message)
+
+
+class Notes:
+    """Ordered, de-duplicated normalization strings (what a codec changed in the agent's request)."""
+
+    def __init__(self) -> None:
+        self._items: dict[str, None] = {}
+
+    def add(self, note: str) -> None:
+        self._items.setdefault(note, None)
+
+    @property
+    def items(self) -> tuple[str, ...]:
+        return tuple(self._items)
+
+
+def is_number(v) -> bool:
+    """A JSON number (bool excluded, finite)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def sse(event: str | None, data: bytes | str) -> bytes:

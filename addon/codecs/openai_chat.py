@@ -21,6 +21,8 @@ import orjson
 
 from polar.addon.codecs.base import (
     AgentInputError,
+    Notes,
+    is_number,
     ChatPlan,
     Completion,
     Delta,
@@ -109,22 +111,7 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-class _Notes:
-    """Ordered, de-duplicated normalization notes."""
-
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    def add(self, note: str) -> None:
-        if note not in self.items:
-            self.items.append(note)
-
-
-def _clean_part(part: Any, where: str, allowed: tuple[str, ...], notes: _Notes) -> dict:
+def _clean_part(part: Any, where: str, allowed: tuple[str, ...], notes: Notes) -> dict:
     """One content part, with its type checked; Anthropic-style `cache_control` markers are removed (they move
     every turn and mean nothing to the backend)."""
     if not isinstance(part, dict):
@@ -157,7 +144,7 @@ def _clean_part(part: Any, where: str, allowed: tuple[str, ...], notes: _Notes) 
     return out
 
 
-def _content(value: Any, where: str, allowed: tuple[str, ...], notes: _Notes, *, nullable: bool) -> Any:
+def _content(value: Any, where: str, allowed: tuple[str, ...], notes: Notes, *, nullable: bool) -> Any:
     if value is None:
         if nullable:
             return None
@@ -169,7 +156,7 @@ def _content(value: Any, where: str, allowed: tuple[str, ...], notes: _Notes, *,
     raise _fail(f"{where}: 'content' must be a string or a list of content parts")
 
 
-def _tool_call(tc: Any, where: str, notes: _Notes) -> dict:
+def _tool_call(tc: Any, where: str, notes: Notes) -> dict:
     if not isinstance(tc, dict):
         raise _fail(f"{where}: each tool call must be an object")
     if tc.get("type", "function") != "function":
@@ -192,7 +179,7 @@ def _tool_call(tc: Any, where: str, notes: _Notes) -> dict:
     return {"id": tc["id"], "type": "function", "function": {"name": fn["name"], "arguments": args}}
 
 
-def _message(m: Any, i: int, notes: _Notes) -> dict:
+def _message(m: Any, i: int, notes: Notes) -> dict:
     where = f"messages[{i}]"
     if not isinstance(m, dict):
         raise _fail(f"{where}: each message must be an object")
@@ -259,7 +246,7 @@ def _message(m: Any, i: int, notes: _Notes) -> dict:
     return out
 
 
-def _tools(value: Any, notes: _Notes) -> list[dict]:
+def _tools(value: Any, notes: Notes) -> list[dict]:
     if not isinstance(value, list):
         raise _fail("'tools' must be a list")
     tools = []
@@ -319,7 +306,7 @@ def _response_format(value: Any) -> tuple[dict, bool]:
     raise _fail(f"'response_format': type {kind!r} is not supported (text, json_object, json_schema)")
 
 
-def _thinking(body: dict, notes: _Notes) -> bool | None:
+def _thinking(body: dict, notes: Notes) -> bool | None:
     """The agent's thinking intent from vendor fields; the gateway decides whether it reaches the template."""
     intent: bool | None = None
     if "enable_thinking" in body and body["enable_thinking"] is not None:  # DashScope
@@ -350,7 +337,7 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
     """The agent's chat request, validated; raises AgentInputError (the provider's 400) on bad input."""
     if not isinstance(body, dict):
         raise _fail("the request body must be a JSON object")
-    notes = _Notes()
+    notes = Notes()
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _fail("'model' must be a string")
@@ -379,7 +366,7 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
         value = body.get(key)
         if value is None:
             continue
-        if not _is_number(value) or not lo <= value <= hi:
+        if not is_number(value) or not lo <= value <= hi:
             raise _fail(f"'{key}' must be a number between {lo} and {hi}")
         chat[key] = value
     if body.get("top_k") is not None:
@@ -392,7 +379,7 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
         chat["seed"] = body["seed"]
     if body.get("logit_bias") is not None:
         bias = body["logit_bias"]
-        if not isinstance(bias, dict) or not all(_is_number(v) and -100 <= v <= 100 for v in bias.values()):
+        if not isinstance(bias, dict) or not all(is_number(v) and -100 <= v <= 100 for v in bias.values()):
             raise _fail("'logit_bias' must map token ids to numbers between -100 and 100")
         chat["logit_bias"] = bias
     if body.get("user") is not None:

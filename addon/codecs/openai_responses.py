@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 import re
 from typing import Any
 
@@ -42,6 +41,8 @@ import orjson
 
 from polar.addon.codecs.base import (
     AgentInputError,
+    Notes,
+    is_number,
     ChatPlan,
     Completion,
     Delta,
@@ -152,21 +153,6 @@ def _fail(message: str) -> AgentInputError:
     return AgentInputError(message)
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-class _Notes:
-    """Ordered, de-duplicated normalization notes."""
-
-    def __init__(self) -> None:
-        self.items: list[str] = []
-
-    def add(self, note: str) -> None:
-        if note not in self.items:
-            self.items.append(note)
-
-
 def chat_tool_name(name: str, namespace: str | None) -> str:
     """The backend's name for a tool: bare in Codex's `functions` namespace or none, else `<namespace>__<name>`."""
     if namespace and namespace != DEFAULT_NAMESPACE:
@@ -192,7 +178,7 @@ def decode_reasoning(blob: str) -> str | None:
 class _Tools:
     """The agent's tools as chat function tools, with the way back from each chat name."""
 
-    def __init__(self, notes: _Notes):
+    def __init__(self, notes: Notes):
         self.notes = notes
         self.chat: list[dict] = []
         self.names: dict[str, list] = {}  # chat name -> [namespace or None, bare name, "function" | "custom"]
@@ -329,7 +315,7 @@ def _tool_output(item: dict, where: str) -> str | list:
 class _Folder:
     """Folds Responses input items into chat messages (see the module docstring for the turn rule)."""
 
-    def __init__(self, tools: _Tools, notes: _Notes):
+    def __init__(self, tools: _Tools, notes: Notes):
         self.tools = tools
         self.notes = notes
         self.messages: list[dict] = []
@@ -483,7 +469,7 @@ def _tool_choice(choice: Any, tools: _Tools) -> tuple[Any, bool]:
     raise _fail(f"tool_choice {choice!r} is not supported")
 
 
-def _response_format(text: Any, notes: _Notes) -> tuple[dict | None, bool]:
+def _response_format(text: Any, notes: Notes) -> tuple[dict | None, bool]:
     if text is None:
         return None, False
     if not isinstance(text, dict):
@@ -530,7 +516,7 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
             raise _fail(message)
     if body.get("background"):
         raise _fail("background responses are not supported: this gateway stores no responses")
-    notes = _Notes()
+    notes = Notes()
     tools = _Tools(notes)
     folder = _Folder(tools, notes)
 
@@ -571,7 +557,7 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
     for key, (low, high) in (("temperature", (0.0, 2.0)), ("top_p", (0.0, 1.0))):
         value = body.get(key)
         if value is not None:
-            if not _is_number(value) or not low <= value <= high:
+            if not is_number(value) or not low <= value <= high:
                 raise _fail(f"'{key}' must be a number between {low} and {high}")
             chat[key] = value
     max_out = body.get("max_output_tokens")
