@@ -129,7 +129,7 @@ def scan_file(path: str, file_no: int, index: Index) -> None:
                 id=str(got.get("id") or f"{os.path.basename(path)}@{start}"),
                 file=file_no, offset=start, length=end - start,
                 model_served=got.get("model_served"), finish_reason=got.get("finish_reason"),
-                stop_reason=got.get("stop_reason"), last_completion_id=last,
+                stop_reason=_text_or_none(got.get("stop_reason")), last_completion_id=last,
                 has_completion=isinstance(comp, bytes),
             ))
             scan.records += 1
@@ -188,3 +188,8 @@ class RecordSource:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+def _text_or_none(value) -> str | None:
+    """vLLM's stop_reason is a matched stop string or a stop token id (int); the index keeps text (Utf8 column)."""
+    return None if value is None else str(value)

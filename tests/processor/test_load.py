@@ -68,3 +68,22 @@ def test_1_6_garbage_file_is_a_reported_torn_tail(tmp_path):
     p.write_bytes(msgpack.packb([1, 2, 3]) + b"\xc1\xc1")
     index = build_index([str(p)])
     assert index.entries == [] and index.torn_tails[0].offset == 0
+
+
+def test_9_1_integer_stop_reason_is_indexed_as_text(tmp_path):
+    """vLLM reports a matched stop token id as an int stop_reason; the Utf8 index columns must take it."""
+    from polar.addon import record as rec
+    from polar.processor import cli
+
+    w = rec.FlowWriter(str(tmp_path / "flows"), min_free_mb=0)
+    w.write({"v": 1, "id": rec.uuid7(), "session": "s", "t_start": 1.0, "protocol": "openai_chat",
+             "prompt_token_ids": rec.pack_ids([1, 2]), "completion_token_ids": rec.pack_ids([5, 9]),
+             "completion_logprobs": rec.pack_floats([-0.1, -0.2]), "finish_reason": "stop", "stop_reason": 9,
+             "upstream_request": b'{"messages": [{"role": "user", "content": "hi"}]}',
+             "assistant": {"content": "x", "reasoning": None, "tool_calls": []}})
+    w.close()
+    assert cli.main([str(tmp_path / "flows"), "-o", str(tmp_path / "out"), "--eot-token-id", "2",
+                     "--no-progress"]) == 0
+    import polars as pl
+    calls = pl.read_parquet(tmp_path / "out" / "calls.parquet")
+    assert calls["stop_reason"].to_list() == ["9"]
