@@ -2,43 +2,20 @@
 
 from __future__ import annotations
 
-import datetime
 import os
 import socket
 import ssl
 import stat
 import subprocess
-import sys
 import threading
 
 import httpx
 import pytest
 
 from tests.support.gateway import ROOT, start_gateway, wait_for
+from tests.support.tls import polar_import_blocker, self_signed
 
 pytestmark = pytest.mark.integration
-
-
-def self_signed(tmp_path, name="localhost"):
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = tmp_path / "srv.pem", tmp_path / "srv.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_path), str(key_path)
 
 
 @pytest.fixture
@@ -136,16 +113,7 @@ def free_port() -> int:
 
 def test_2_1_package_import_failure_fails_closed(tmp_path, upstream):
     """With the polar package unimportable, provider requests get 503 locally and never reach the real host."""
-    blocker = tmp_path / "blocker"
-    blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text(
-        "import sys\n"
-        "class _Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'polar' or name.startswith('polar.'):\n"
-        "            raise ImportError('blocked for the fail-closed test')\n"
-        "sys.meta_path.insert(0, _Block())\n")
-    env = dict(os.environ, PYTHONPATH=str(blocker))
+    env = polar_import_blocker(tmp_path)
     gw = start_gateway(upstream.base_url, str(tmp_path / "run"), str(tmp_path / "flows"),
                        extra_args=["--allow-fail-closed"], env=env)
     try:

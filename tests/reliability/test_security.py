@@ -11,7 +11,6 @@ Scenarios: 1.x secrets · 2.x nothing reaches the real host · 3.x exact host ma
 from __future__ import annotations
 
 import base64
-import datetime
 import os
 import socket
 import ssl
@@ -29,6 +28,7 @@ from google.genai import types as gtypes
 
 from tests.reliability import GOOGLE
 from tests.support.gateway import start_gateway
+from tests.support.tls import polar_import_blocker, self_signed
 from tests.support.scripted_upstream import Reply
 
 pytestmark = pytest.mark.integration
@@ -45,29 +45,6 @@ SECRETS = {
 
 
 # -- a "real host" we control ------------------------------------------------------------------------------------
-
-
-def self_signed(directory, name: str) -> tuple[str, str]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(name)]), critical=False)
-            .sign(key, hashes.SHA256()))
-    cert_path, key_path = os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
-    with open(cert_path, "wb") as fh:
-        fh.write(cert.public_bytes(serialization.Encoding.PEM))
-    with open(key_path, "wb") as fh:
-        fh.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                   serialization.NoEncryption()))
-    return cert_path, key_path
 
 
 class Sentinel:
@@ -257,19 +234,10 @@ def test_2_1_failed_translations_never_reach_the_real_host(sentinel_gateway, ups
 
 
 def test_2_2_package_import_failure_never_reaches_the_real_host(upstream, tmp_path):
-    blocker = tmp_path / "blocker"
-    blocker.mkdir()
-    (blocker / "sitecustomize.py").write_text(
-        "import sys\n"
-        "class _Block:\n"
-        "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'polar' or name.startswith('polar.'):\n"
-        "            raise ImportError('blocked for the fail-closed test')\n"
-        "sys.meta_path.insert(0, _Block())\n")
     sentinel = Sentinel(str(tmp_path))
     gw = start_gateway(upstream.base_url, str(tmp_path / "run"), str(tmp_path / "flows"),
                        sets=[f"polar_hosts=api.anthropic.com:{sentinel.port}"], extra_args=["--allow-fail-closed"],
-                       env=dict(os.environ, PYTHONPATH=str(blocker)))
+                       env=polar_import_blocker(tmp_path))
     try:
         for sni, path, body, headers in cases()[:6]:
             status, raw = tunnel(gw.port, sentinel.port, sni, gw.ca_pem, path=path, body=body, headers=headers)
