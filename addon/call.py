@@ -32,6 +32,7 @@ class CallSettings:
     max_body_bytes: int
     connect_timeout: float
     first_byte_timeout: float
+    idle_timeout: float
     logprobs_mode: str
     thinking_kwarg: str | None
     sampling_override: dict
@@ -373,10 +374,9 @@ class _Call:
         pending: list[bytes] = []
         while True:
             try:
-                if first:
-                    data = await asyncio.wait_for(chunks.__anext__(), max(deadline - time.monotonic(), 0.001))
-                else:
-                    data = await chunks.__anext__()
+                # A backend that stalls mid-stream must not hold the agent forever: the idle gap is bounded too.
+                timeout = max(deadline - time.monotonic(), 0.001) if first else self.settings.idle_timeout
+                data = await asyncio.wait_for(chunks.__anext__(), timeout)
             except StopAsyncIteration:
                 break
             deltas = reader.feed(data)

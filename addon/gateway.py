@@ -38,8 +38,8 @@ async def _close_backend(backend: Backend) -> None:
 READY_HOST = "polar.gateway"  # `curl -x <proxy> http://polar.gateway/ready` — the readiness probe of scripts/proxy
 
 
-NUMBER_OPTIONS = ("polar_connect_timeout", "polar_first_byte_timeout", "polar_max_body_mb", "polar_rotate_mb",
-                  "polar_min_free_mb")
+NUMBER_OPTIONS = ("polar_connect_timeout", "polar_first_byte_timeout", "polar_idle_timeout", "polar_max_body_mb",
+                  "polar_rotate_mb", "polar_min_free_mb")
 
 
 def _number(opts, name: str) -> float:
@@ -80,6 +80,8 @@ class PolarGateway:
         # Numbers are str options: mitmproxy's --set cannot parse float options (NotImplementedError at startup).
         loader.add_option("polar_connect_timeout", str, "10", "Backend connect timeout, seconds.")
         loader.add_option("polar_first_byte_timeout", str, "600", "Backend first-chunk timeout, seconds.")
+        loader.add_option("polar_idle_timeout", str, "600",
+                          "Longest silence between two backend chunks once streaming, seconds.")
         loader.add_option("polar_max_body_mb", str, "32", "Largest agent request body accepted, MB.")
         loader.add_option("polar_rotate_mb", str, "256", "Rotate flow files at this size, MB.")
         loader.add_option("polar_min_free_mb", str, "512",
@@ -157,6 +159,7 @@ class PolarGateway:
             max_body_bytes=int(num["polar_max_body_mb"] * 1024 * 1024),
             connect_timeout=num["polar_connect_timeout"],
             first_byte_timeout=num["polar_first_byte_timeout"],
+            idle_timeout=num["polar_idle_timeout"],
             logprobs_mode=opts.polar_logprobs_mode,
             thinking_kwarg=opts.polar_thinking_kwarg,
             sampling_override=override,

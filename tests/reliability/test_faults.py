@@ -134,7 +134,7 @@ def fast_gateway(_upstream_server, tmp_path_factory):
     """The same scripted upstream behind a gateway with a 1 s first-byte timeout."""
     base = tmp_path_factory.mktemp("fast")
     gw = start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"),
-                       sets=["polar_first_byte_timeout=1", "polar_connect_timeout=2"])
+                       sets=["polar_first_byte_timeout=1", "polar_idle_timeout=1", "polar_connect_timeout=2"])
     yield gw
     gw.stop()
 
@@ -150,6 +150,22 @@ def test_2_1_no_first_byte_within_the_timeout_is_unavailable(fast_gateway, upstr
     r = only_record(fast_gateway)
     assert r["error"]["stage"] == "backend_timeout" and r["provider_status"] == status
     upstream.reset()  # release the parked upstream thread
+    assert_served(fast_gateway, proto)
+
+
+@pytest.mark.parametrize("proto", PROTOCOLS, ids=IDS)
+def test_2_3_a_backend_that_stalls_mid_stream_ends_in_the_protocols_error_event(fast_gateway, upstream, proto):
+    fast_gateway.mark()
+    upstream.script(Reply(text=LONG, gate=True))  # the upstream parks after its first content chunk
+    try:
+        status, raw, _ = call(fast_gateway, proto, True)
+    finally:
+        upstream.release()
+    assert status == 200 and stream_ending(proto, raw) == "error", raw[-400:]
+    r = only_record(fast_gateway)
+    assert r["error"]["stage"] == "backend_timeout" and r["provider_status"] == 200
+    got = rec.token_ids(r, "completion_token_ids")
+    assert got and got == upstream.responses[-1].completion_ids[:len(got)]
     assert_served(fast_gateway, proto)
 
 
