@@ -20,6 +20,7 @@ from anthropic.types import Message
 
 from polar.addon import record as rec
 from tests.support.scripted_upstream import Reply
+from tests.support.captures import capture_files
 
 pytestmark = pytest.mark.integration
 
@@ -327,14 +328,7 @@ def test_4_2_session_from_metadata_user_id_when_no_header(gateway, upstream):
 # -- 5. captured Claude Code bodies --------------------------------------------------------------------------------
 
 
-def _captures() -> list[str]:
-    folder = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "captures", "claude-code")
-    if not os.path.isdir(folder):
-        return []
-    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json"))
-
-
-@pytest.mark.parametrize("path", _captures(), ids=os.path.basename)
+@pytest.mark.parametrize("path", capture_files("claude-code"), ids=os.path.basename)
 def test_5_1_every_captured_claude_code_body_is_answered(gateway, upstream, path):
     with open(path) as fh:
         cap = json.load(fh)

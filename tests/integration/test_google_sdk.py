@@ -17,6 +17,7 @@ from google.genai import types
 
 from polar.addon import record as rec
 from tests.support.scripted_upstream import Reply
+from tests.support.captures import CAPTURES_DIR, capture_files
 
 pytestmark = pytest.mark.integration
 
@@ -238,16 +239,9 @@ def test_4_3_key_query_parameter_never_reaches_the_record(gateway, upstream):
 
 
 def _google_captures() -> list[str]:
-    root = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "captures")
-    if not os.path.isdir(root):
-        return []
-    out = []
-    for folder in sorted(os.listdir(root)):
-        for name in sorted(os.listdir(os.path.join(root, folder))):
-            path = os.path.join(root, folder, name)
-            if name.endswith(".json") and json.load(open(path)).get("host") == "generativelanguage.googleapis.com":
-                out.append(path)
-    return out
+    folders = sorted(os.listdir(CAPTURES_DIR)) if os.path.isdir(CAPTURES_DIR) else []
+    return [path for folder in folders for path in capture_files(folder)
+            if json.load(open(path)).get("host") == "generativelanguage.googleapis.com"]
 
 
 @pytest.mark.parametrize("path", _google_captures(), ids=lambda p: "/".join(p.split(os.sep)[-2:]))

@@ -17,6 +17,7 @@ from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
 from polar.addon import record as rec
 from tests.support.scripted_upstream import Reply
+from tests.support.captures import capture_files
 
 pytestmark = pytest.mark.integration
 
@@ -276,14 +277,7 @@ def test_4_2_dashscope_intl_with_the_proxy_user_as_session(gateway, upstream):
 # -- 5. captured Qwen Code bodies ----------------------------------------------------------------------------------
 
 
-def _qwen_captures() -> list[str]:
-    folder = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "captures", "qwen-code")
-    if not os.path.isdir(folder):
-        return []
-    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json"))
-
-
-@pytest.mark.parametrize("path", _qwen_captures(), ids=os.path.basename)
+@pytest.mark.parametrize("path", capture_files("qwen-code"), ids=os.path.basename)
 def test_5_1_every_captured_qwen_body_is_answered_with_valid_chunks(gateway, upstream, path):
     with open(path) as fh:
         cap = json.load(fh)

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter
 from polar.addon import record as rec
 from polar.addon.codecs import openai_responses as codec
 from tests.support.scripted_upstream import Reply
+from tests.support.captures import capture_files
 
 pytestmark = pytest.mark.integration
 
@@ -223,14 +224,7 @@ def test_4_3_token_count_endpoint(gateway, upstream):
 # -- 5. captured Codex bodies --------------------------------------------------------------------------------------
 
 
-def _codex_captures() -> list[str]:
-    folder = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "captures", "codex")
-    if not os.path.isdir(folder):
-        return []
-    return sorted(os.path.join(folder, f) for f in os.listdir(folder) if f.endswith(".json"))
-
-
-@pytest.mark.parametrize("path", _codex_captures(), ids=os.path.basename)
+@pytest.mark.parametrize("path", capture_files("codex"), ids=os.path.basename)
 def test_5_1_every_captured_codex_body_is_answered_with_valid_events(gateway, upstream, path):
     with open(path) as fh:
         cap = json.load(fh)
