@@ -11,11 +11,9 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Sequence
-from typing import Optional
 
 import orjson
-from mitmproxy import ctx, exceptions, http, tls
+from mitmproxy import ctx, http, tls
 
 from . import hosts as hostlist
 from . import sessions
@@ -24,7 +22,10 @@ from .call import CallSettings, PendingCall, handle_call, strip_key_param
 from .endpoint import Endpoint, Responder
 from .exact import ExactMode, TurnCache
 from .record import FlowWriter, uuid7
-from .upstream import StreamClient, parse_sampling_override
+from .options import BY_NAME, OPTIONS, GatewayOptions, OptionError, parse_options, take_unparseable
+from .provider_errors import unavailable
+from .confdir import secure_confdir
+from .upstream import StreamClient
 
 log = logging.getLogger("polar.gateway")
 
@@ -38,21 +39,6 @@ async def _close_backend(backend: Backend) -> None:
 READY_HOST = "polar.gateway"  # `curl -x <proxy> http://polar.gateway/ready` — the readiness probe of scripts/proxy
 
 
-NUMBER_OPTIONS = ("polar_connect_timeout", "polar_first_byte_timeout", "polar_idle_timeout", "polar_max_body_mb",
-                  "polar_rotate_mb", "polar_min_free_mb")
-
-
-def _number(opts, name: str) -> float:
-    """A numeric option's value; positive, except polar_min_free_mb which may be 0 (check off)."""
-    try:
-        value = float(getattr(opts, name))
-    except (TypeError, ValueError):
-        raise exceptions.OptionsError(f"{name} must be a number, not {getattr(opts, name)!r}") from None
-    if value < 0 or (value == 0 and name != "polar_min_free_mb") or value != value:
-        raise exceptions.OptionsError(f"{name} must be positive")
-    return value
-
-
 class PolarGateway:
     def __init__(self) -> None:
         self.hosts = hostlist.parse_hosts(hostlist.DEFAULT_HOSTS)
@@ -62,40 +48,20 @@ class PolarGateway:
         self.writer: FlowWriter | None = None
         self.backend: Backend | None = None
         self.settings: CallSettings | None = None
+        self.options: GatewayOptions | None = None
         self._loopback_forced = False
         self.exact: ExactMode | None = None
+        # Values mitmproxy could not parse (taken out of its deferred set in `load`), and the one line of the
+        # current configuration error: while it is set the gateway fails closed (providers get their 503).
+        self._unparseable: dict[str, OptionError] = {}
+        self.failure: str | None = None
 
     # ------------------------------------------------------------------------------------------------ options
 
     def load(self, loader) -> None:
-        loader.add_option("polar_upstream", str, "http://127.0.0.1:8000/v1",
-                          "OpenAI-compatible backend base URL ending in /v1 (vLLM or SGLang).")
-        loader.add_option("polar_flows", str, "./flows", "Directory for flow records.")
-        loader.add_option("polar_model", Optional[str], None,
-                          "Model sent upstream; default: the backend's first /v1/models entry.")
-        loader.add_option("polar_hosts", Sequence[str], list(hostlist.DEFAULT_HOSTS),
-                          "Provider hosts to decrypt and answer (exact names, host or host:port).")
-        loader.add_option("polar_backend", str, "auto", "Backend kind: auto|vllm|sglang.")
-        loader.add_option("polar_upstream_api_key", Optional[str], None, "API key sent to the backend.")
-        # Numbers are str options: mitmproxy's --set cannot parse float options (NotImplementedError at startup).
-        loader.add_option("polar_connect_timeout", str, "10", "Backend connect timeout, seconds.")
-        loader.add_option("polar_first_byte_timeout", str, "600", "Backend first-chunk timeout, seconds.")
-        loader.add_option("polar_idle_timeout", str, "600",
-                          "Longest silence between two backend chunks once streaming, seconds.")
-        loader.add_option("polar_max_body_mb", str, "32", "Largest agent request body accepted, MB.")
-        loader.add_option("polar_rotate_mb", str, "256", "Rotate flow files at this size, MB.")
-        loader.add_option("polar_min_free_mb", str, "512",
-                          "Refuse new generations (retryable error) below this much free disk, MB (0: off).")
-        loader.add_option("polar_logprobs_mode", str, "raw_logprobs",
-                          "What the backend was started with: raw_logprobs|processed_logprobs.")
-        loader.add_option("polar_thinking_kwarg", Optional[str], None,
-                          "chat_template_kwargs key for thinking on/off (unset: thinking controls are not mapped).")
-        loader.add_option("polar_sampling_override", Optional[str], None,
-                          "Sampling applied to every generation, e.g. temperature=1.6,top_p=1.0.")
-        loader.add_option("polar_exact", bool, False,
-                          "Exact on-policy mode: splice the sampled ids into the next prompt (vLLM 0.30+).")
-        loader.add_option("polar_exact_cache_mb", str, "512",
-                          "Exact mode: memory bound of the per-session turn cache, MB.")
+        for option in OPTIONS:
+            loader.add_option(option.name, option.typespec, option.default, option.help)
+        self._unparseable = take_unparseable(loader.master.options, BY_NAME)
         self._bind_loopback()
 
     def _bind_loopback(self) -> None:
@@ -122,6 +88,33 @@ class PolarGateway:
             ctx.options.mode = modes
 
     def configure(self, updated: set[str]) -> None:
+        # Parse everything before changing anything: a failure must leave no half-applied state behind, and setting
+        # mitmproxy's own options below re-enters configure (raising there made mitmproxy roll back and re-run it
+        # without end, issue 13).
+        try:
+            parsed = self._parse_options()
+            self._apply(parsed, updated)
+        except (OptionError, OSError) as exc:
+            self._fail(str(exc) if isinstance(exc, OptionError) else f"polar_flows: {exc}")
+        else:
+            if self.failure is not None:
+                log.info("polar gateway: options valid again, serving")
+            self.failure = None
+        self._enforce_proxy_options(updated)
+
+    def _parse_options(self) -> GatewayOptions:
+        if self._unparseable:  # never applied, so it stays an error until the proxy is restarted
+            raise next(iter(self._unparseable.values()))
+        return parse_options({name: getattr(ctx.options, name) for name in BY_NAME})
+
+    def _fail(self, line: str) -> None:
+        # One error line (mitmdump exits on errors logged at startup; later, the proxy keeps answering 503).
+        if line != self.failure:
+            log.error("polar gateway: %s; failing closed (provider requests get 503)", line)
+        self.failure = line
+        self.hosts = hostlist.fail_closed_hosts(getattr(ctx.options, "polar_hosts", ()))
+
+    def _enforce_proxy_options(self, updated: set[str]) -> None:
         opts = ctx.options
         # Eager connections would dial the real provider on every CONNECT; h2 costs ~2.3x CPU (FIELD-NOTES §2).
         if "connection_strategy" in opts and opts.connection_strategy != "lazy":
@@ -130,60 +123,48 @@ class PolarGateway:
             opts.http2 = False
         if "listen_host" in updated:
             self._bind_loopback()
-        if "polar_hosts" in updated:
-            parsed = hostlist.parse_hosts(opts.polar_hosts)
-            if not parsed:
-                raise exceptions.OptionsError("polar_hosts must name at least one host")
-            self.hosts = parsed
-        if "polar_backend" in updated and opts.polar_backend not in ("auto", "vllm", "sglang"):
-            raise exceptions.OptionsError("polar_backend must be auto, vllm or sglang")
-        if "polar_logprobs_mode" in updated and opts.polar_logprobs_mode not in ("raw_logprobs", "processed_logprobs"):
-            raise exceptions.OptionsError("polar_logprobs_mode must be raw_logprobs or processed_logprobs")
-        if "polar_upstream" in updated and not opts.polar_upstream.rstrip("/").endswith("/v1"):
-            raise exceptions.OptionsError("polar_upstream must be an OpenAI base URL ending in /v1")
-        num = {name: _number(opts, name) for name in NUMBER_OPTIONS}
-        if opts.polar_exact:
-            try:
-                cache_mb = float(opts.polar_exact_cache_mb)
-            except ValueError:
-                raise exceptions.OptionsError("polar_exact_cache_mb must be a number") from None
-            if self.exact is None or "polar_exact_cache_mb" in updated:
-                self.exact = ExactMode(TurnCache(max_bytes=int(cache_mb * 1024 * 1024)))
+        if "confdir" in opts and (updated & {"confdir"} or self.options is None):
+            for change in secure_confdir(opts.confdir):
+                log.warning("polar gateway: %s (the CA key must stay private)", change)
+
+    def _apply(self, o: GatewayOptions, updated: set[str]) -> None:
+        if o.exact:
+            if self.exact is None or self.options is None or o.exact_cache_bytes != self.options.exact_cache_bytes:
+                self.exact = ExactMode(TurnCache(max_bytes=o.exact_cache_bytes))
         else:
             self.exact = None
-        try:
-            override = parse_sampling_override(opts.polar_sampling_override)
-        except ValueError as exc:
-            raise exceptions.OptionsError(f"polar_sampling_override: {exc}") from exc
-        self.settings = CallSettings(
-            max_body_bytes=int(num["polar_max_body_mb"] * 1024 * 1024),
-            connect_timeout=num["polar_connect_timeout"],
-            first_byte_timeout=num["polar_first_byte_timeout"],
-            idle_timeout=num["polar_idle_timeout"],
-            logprobs_mode=opts.polar_logprobs_mode,
-            thinking_kwarg=opts.polar_thinking_kwarg,
-            sampling_override=override,
-            exact=self.exact,
-        )
-        if updated & {"polar_flows", "polar_rotate_mb", "polar_min_free_mb"} or self.writer is None:
+        old = self.options
+        if old is None or self.writer is None or (o.flows, o.rotate_mb, o.min_free_mb) != (
+                old.flows, old.rotate_mb, old.min_free_mb):
+            writer = FlowWriter(o.flows, o.rotate_mb, o.min_free_mb)  # OSError: the directory cannot be made
             if self.writer is not None:
                 self.writer.close()
-            self.writer = FlowWriter(opts.polar_flows, num["polar_rotate_mb"], num["polar_min_free_mb"])
-        if updated & {"polar_upstream", "polar_model", "polar_backend", "polar_upstream_api_key",
-                      "polar_connect_timeout"} or self.backend is None:
-            old = self.backend
-            self.backend = Backend(opts.polar_upstream, opts.polar_model, opts.polar_backend,
-                                   opts.polar_upstream_api_key, num["polar_connect_timeout"])
-            # The streamed chat call goes through a lean HTTP/1.1 client on plain-http backends (httpx costs ~10x
-            # its CPU per streamed call, BENCHMARKS.md); /models, /version and /tokenize stay on httpx.
-            if self.backend.base_url.startswith("http://"):
-                self.backend.stream_client = StreamClient(self.backend.base_url, self.backend.headers,
-                                                          num["polar_connect_timeout"])
-            if old is not None:
-                try:
-                    asyncio.get_running_loop().create_task(_close_backend(old))
-                except RuntimeError:
-                    pass  # configured before the event loop runs: nothing was opened yet
+            self.writer = writer
+        self.hosts = o.hosts
+        self.settings = CallSettings(
+            max_body_bytes=o.max_body_bytes, connect_timeout=o.connect_timeout,
+            first_byte_timeout=o.first_byte_timeout, idle_timeout=o.idle_timeout, logprobs_mode=o.logprobs_mode,
+            thinking_kwarg=o.thinking_kwarg, sampling_override=o.sampling_override, exact=self.exact,
+        )
+        if self.backend is None or old is None or (o.upstream, o.model, o.backend, o.upstream_api_key,
+                                                   o.connect_timeout) != (old.upstream, old.model, old.backend,
+                                                                          old.upstream_api_key, old.connect_timeout):
+            self._replace_backend(o)
+        self.options = o
+
+    def _replace_backend(self, o: GatewayOptions) -> None:
+        old = self.backend
+        self.backend = Backend(o.upstream, o.model, o.backend, o.upstream_api_key, o.connect_timeout)
+        # The streamed chat call goes through a lean HTTP/1.1 client on plain-http backends (httpx costs ~10x
+        # its CPU per streamed call, BENCHMARKS.md); /models, /version and /tokenize stay on httpx.
+        if self.backend.base_url.startswith("http://"):
+            self.backend.stream_client = StreamClient(self.backend.base_url, self.backend.headers,
+                                                      o.connect_timeout)
+        if old is not None:
+            try:
+                asyncio.get_running_loop().create_task(_close_backend(old))
+            except RuntimeError:
+                pass  # configured before the event loop runs: nothing was opened yet
 
     async def running(self) -> None:
         if self._loopback_forced:
@@ -224,8 +205,10 @@ class PolarGateway:
             self._fail_closed(flow, f"gateway error: {exc}")
 
     def _fail_closed(self, flow: http.HTTPFlow, message: str) -> None:
-        body = orjson.dumps({"error": {"type": "overloaded_error", "message": message, "code": 503}})
-        flow.response = http.Response.make(503, body, {"content-type": "application/json"})
+        """Answer in the provider's own "unavailable" shape; the flow never leaves the proxy."""
+        status, content_type, body = unavailable(hostlist.protocol_for(flow.request.pretty_host, flow.request.path),
+                                                 message)
+        flow.response = http.Response.make(status, body, {"content-type": content_type})
 
     def _is_provider_flow(self, flow: http.HTTPFlow) -> bool:
         req = flow.request
@@ -239,12 +222,12 @@ class PolarGateway:
             return
         req = flow.request
         if req.pretty_host == READY_HOST and not req.scheme == "https":
-            ready = self.endpoint.port is not None
-            body = orjson.dumps({"ready": ready, "upstream": ctx.options.polar_upstream,
-                                 "flows": os.path.abspath(ctx.options.polar_flows), "pid": os.getpid()})
-            flow.response = http.Response.make(200 if ready else 503, body, {"content-type": "application/json"})
+            self._answer_ready(flow)
             return
         if not self._is_provider_flow(flow):
+            return
+        if self.failure is not None:
+            self._fail_closed(flow, f"polar gateway is misconfigured ({self.failure}); see the proxy log")
             return
         if self.endpoint.port is None:
             self._fail_closed(flow, "polar gateway endpoint is not running yet")
@@ -274,6 +257,16 @@ class PolarGateway:
         req.headers.clear()
         req.headers["host"] = f"127.0.0.1:{self.endpoint.port}"
         req.content = b""
+
+    def _answer_ready(self, flow: http.HTTPFlow) -> None:
+        # Not ready yet (endpoint starting) means "wait"; an `error` means this proxy fails closed: stop waiting.
+        ready = self.endpoint.port is not None and self.failure is None
+        info: dict = {"ready": ready, "upstream": ctx.options.polar_upstream,
+                      "flows": os.path.abspath(ctx.options.polar_flows), "pid": os.getpid()}
+        if self.failure is not None:
+            info.update(error=f"polar gateway: {self.failure}", fail_closed=True)
+        flow.response = http.Response.make(200 if ready else 503, orjson.dumps(info),
+                                           {"content-type": "application/json"})
 
     def responseheaders(self, flow: http.HTTPFlow) -> None:
         if flow.metadata.get("polar_rerouted"):

@@ -20,15 +20,17 @@ from mitmproxy import ctx, http, tls
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _load_hosts_module():
-    # By path, so the host list is available even when the `polar` package is not importable.
-    spec = importlib.util.spec_from_file_location("_polar_hosts", os.path.join(_HERE, "hosts.py"))
+def _load_by_path(name: str):
+    # By path, so these stdlib-only modules work even when the `polar` package is not importable.
+    spec = importlib.util.spec_from_file_location(f"_polar_{name}", os.path.join(_HERE, f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_hosts = _load_hosts_module()
+_hosts = _load_by_path("hosts")
+_errors = _load_by_path("provider_errors")
+_confdir = _load_by_path("confdir")
 
 
 class FailClosed:
@@ -36,7 +38,7 @@ class FailClosed:
 
     def __init__(self, reason: str):
         self.reason = reason
-        self.hosts = _hosts.parse_hosts(_hosts.DEFAULT_HOSTS)
+        self.hosts = _hosts.fail_closed_hosts(())
 
     def load(self, loader):
         loader.add_option("polar_hosts", Sequence[str], list(_hosts.DEFAULT_HOSTS), "Provider hosts to decrypt.")
@@ -46,9 +48,13 @@ class FailClosed:
 
     def configure(self, updated):
         if "polar_hosts" in updated:
-            self.hosts = _hosts.parse_hosts(ctx.options.polar_hosts)
+            # The defaults plus every entry that parses: a bad entry may widen what gets 503, never narrow it.
+            self.hosts = _hosts.fail_closed_hosts(ctx.options.polar_hosts)
         if "connection_strategy" in ctx.options.keys() and ctx.options.connection_strategy != "lazy":
             ctx.options.connection_strategy = "lazy"
+        if "confdir" in updated:
+            for change in _confdir.secure_confdir(ctx.options.confdir):
+                logging.warning("polar: %s (the CA key must stay private)", change)
 
     def tls_clienthello(self, data: tls.ClientHelloData) -> None:
         host, port = data.context.server.address or (None, None)
@@ -58,13 +64,14 @@ class FailClosed:
 
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.request.pretty_host == "polar.gateway" and flow.request.scheme == "http":
-            body = {"ready": False, "error": "polar gateway failed to load; failing closed", "reason": self.reason}
+            body = {"ready": False, "error": "polar gateway failed to load; failing closed", "reason": self.reason,
+                    "fail_closed": True}
             flow.response = http.Response.make(503, json.dumps(body), {"content-type": "application/json"})
             return
         if _hosts.is_provider(self.hosts, flow.request.pretty_host, flow.request.port) or flow.request.scheme == "https":
-            body = {"error": {"type": "overloaded_error" if "anthropic" in flow.request.pretty_host else "unavailable",
-                              "message": "polar gateway failed to load; see the proxy log", "code": 503}}
-            flow.response = http.Response.make(503, json.dumps(body), {"content-type": "application/json"})
+            protocol = _hosts.protocol_for(flow.request.pretty_host, flow.request.path)
+            status, content_type, body = _errors.unavailable(protocol, "polar gateway failed to load; see the proxy log")
+            flow.response = http.Response.make(status, body, {"content-type": content_type})
 
 
 try:

@@ -6,7 +6,8 @@ mitmproxy. A version bump only adds fields; the reader accepts every older `v` a
 Files: each writer creates its own files, `flows-<UTC %Y%m%dT%H%M%S.%fZ>-<hostname>-<pid>-<seq:04d>.msgpack.open`,
 renamed to `.msgpack` on rotation or clean shutdown. A record is one `write`; a failed or short write truncates the
 file back and the writer continues in a new file. Readers order files by name; a torn tail in a `.open` file means
-"in progress", in a closed file it is an error that is reported, never fatal.
+"in progress", in a closed file it is an error that is reported, never fatal. A file that does not start with a
+record is "not a flow file" (`sniff`): one wording for the inspector and the processor.
 
 Run `python -m polar.addon.record FILE...` to print flow files.
 """
@@ -64,6 +65,25 @@ OPEN_SUFFIX = ".msgpack.open"
 
 class SchemaError(ValueError):
     """A record this reader cannot understand (a newer schema version, or not a record at all)."""
+
+
+class NotAFlowFile(SchemaError):
+    """A file that does not start with a flow record (see `sniff`); its message is `not_a_flow_file`'s."""
+
+
+def not_a_flow_file(path: str, why: str) -> str:
+    """The one wording, for the inspector and the processor alike, of a file that holds no flow records."""
+    return (f"{path}: not a flow file ({why}); pass the gateway's flow directory (polar_flows) or its "
+            f"flows-*{FILE_SUFFIX} / *{OPEN_SUFFIX} files")
+
+
+def version_problem(v: object) -> str | None:
+    """Why a record's `v` cannot be read by this reader, or None when it can."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        return f"not a flow record (invalid or missing 'v': {v!r})"
+    if v > VERSION:
+        return f"record version {v} is newer than this reader ({VERSION}); upgrade polar-gateway"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------------- ids and arrays
@@ -129,13 +149,11 @@ def pack(record: dict) -> bytes:
 
 def normalize(record: dict) -> dict:
     """Check the version and fill fields an older writer did not know. Unknown fields are kept as they are."""
-    if not isinstance(record, dict) or "v" not in record:
-        raise SchemaError("not a flow record (no 'v' field)")
-    v = record["v"]
-    if not isinstance(v, int) or v < 1:
-        raise SchemaError(f"invalid record version {v!r}")
-    if v > VERSION:
-        raise SchemaError(f"record version {v} is newer than this reader ({VERSION}); upgrade polar-gateway")
+    if not isinstance(record, dict):
+        raise SchemaError(f"not a flow record (a msgpack {type(record).__name__}, not a map)")
+    problem = version_problem(record.get("v"))
+    if problem is not None:
+        raise SchemaError(problem)
     for name in FIELDS:
         record.setdefault(name, None)
     return record
@@ -166,9 +184,46 @@ class FileScan:
     errors: list[str] = field(default_factory=list)
 
 
+def _is_map_head(byte: int) -> bool:
+    """msgpack fixmap, map16 or map32: the only way a record can start."""
+    return 0x80 <= byte <= 0x8F or byte in (0xDE, 0xDF)
+
+
+def sniff(path: str) -> str | None:
+    """Why `path` is not a flow file, in `not_a_flow_file`'s wording; None when it is one.
+
+    A flow file is empty or starts with a msgpack map whose `v` is a record version. Only the first record is
+    looked at (its other values are skipped unbuilt): a torn first record is a torn tail, not a foreign file, and a
+    newer `v` is the reader's "upgrade" error. Raises OSError when the file cannot be read."""
+    with open(path, "rb") as fh:
+        head = fh.read(1)
+        if not head:
+            return None
+        if not _is_map_head(head[0]):
+            return not_a_flow_file(path, f"it starts with byte 0x{head[0]:02x}, not a msgpack map")
+        fh.seek(0)
+        unpacker = msgpack.Unpacker(fh, raw=False, strict_map_key=False, read_size=1 << 16,
+                                    max_buffer_size=1 << 31)
+        try:
+            for _ in range(unpacker.read_map_header()):
+                if unpacker.unpack() != "v":
+                    unpacker.skip()
+                    continue
+                v = unpacker.unpack()
+                if isinstance(v, int) and not isinstance(v, bool) and v >= 1:
+                    return None
+                return not_a_flow_file(path, f"its first map's 'v' is {v!r}, not a record version")
+        except msgpack.OutOfData:
+            return None
+        except (msgpack.FormatError, msgpack.StackError, ValueError) as exc:
+            return not_a_flow_file(path, f"undecodable at offset 0: {exc}")
+    return not_a_flow_file(path, "its first map has no 'v' field")
+
+
 def iter_file(path: str, scan: FileScan | None = None, raw: bool = False,
               resolver: "PromptResolver | None" = None) -> Iterator[tuple[int, dict]]:
-    """Yield (offset, record) for every whole record in `path`. A torn tail is reported in `scan`, never raised.
+    """Yield (offset, record) for every whole record in `path`. A torn tail is reported in `scan`, never raised;
+    a file that does not start with a record raises NotAFlowFile (`sniff`).
 
     Compact prompts (`prompt_ref`) are rebuilt from records earlier in the file, or earlier in any file that went
     through the same `resolver` (see `iter_files`). raw=True skips normalize() and this rebuilding (for index
@@ -177,6 +232,9 @@ def iter_file(path: str, scan: FileScan | None = None, raw: bool = False,
         resolver = PromptResolver()
     scan = scan if scan is not None else FileScan(path)
     scan.is_open = path.endswith(".open")
+    problem = sniff(path)
+    if problem is not None:
+        raise NotAFlowFile(problem)
     with open(path, "rb") as fh:
         data = fh.read()
     unpacker = msgpack.Unpacker(raw=False, strict_map_key=False, max_buffer_size=max(len(data), 1 << 20))
@@ -192,8 +250,13 @@ def iter_file(path: str, scan: FileScan | None = None, raw: bool = False,
             scan.torn_tail = TornTail(path, offset, len(data) - offset, scan.is_open)
             return
         end = unpacker.tell()
+        if not raw:
+            try:
+                obj = resolver.resolve(normalize(obj))
+            except SchemaError as exc:
+                raise SchemaError(f"offset {offset}: {exc}") from exc
         scan.records += 1
-        yield offset, (obj if raw else resolver.resolve(normalize(obj)))
+        yield offset, obj
         offset = end
     if offset < len(data):
         scan.torn_tail = TornTail(path, offset, len(data) - offset, scan.is_open)
@@ -384,10 +447,14 @@ class FlowWriter:
 
 # ---------------------------------------------------------------------------------------------------- inspector
 
+# Binary fields that hold int32 token ids (printed as ids, never as bytes).
+ID_FIELDS = ("prompt_token_ids", "completion_token_ids", "prompt_tail_ids")
+
+
 def _summary(record: dict) -> dict:
     out = {}
     for key, value in record.items():
-        if key in ("prompt_token_ids", "completion_token_ids") and isinstance(value, bytes):
+        if key in ID_FIELDS and isinstance(value, bytes):
             ids = unpack_ids(value)
             out[key] = f"{len(ids)} ids: {ids[:8]}{'…' if len(ids) > 8 else ''}"
         elif key == "completion_logprobs" and isinstance(value, bytes):
@@ -400,31 +467,49 @@ def _summary(record: dict) -> dict:
     return out
 
 
+def _full(record: dict) -> dict:
+    return {k: (unpack_ids(v) if k in ID_FIELDS and isinstance(v, bytes)
+                else unpack_floats(v) if k == "completion_logprobs" and isinstance(v, bytes)
+                else v.decode("utf-8", "replace") if isinstance(v, bytes) else v)
+            for k, v in record.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Print flow files. Exit codes: 0 ok, 2 bad input (a path that is not there, a file that is not a flow file,
+    a record this reader cannot read); every error is one line on stderr."""
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog="python -m polar.addon.record", description="Print flow records.")
+    prog = "python -m polar.addon.record"
+    parser = argparse.ArgumentParser(prog=prog, description="Print flow records.")
     parser.add_argument("paths", nargs="+", help="flow files, directories or globs")
     parser.add_argument("--full", action="store_true", help="print whole bodies and token arrays")
     args = parser.parse_args(argv)
+    err = lambda msg: print(f"{prog}: error: {msg}", file=sys.stderr) or 2  # noqa: E731
+    try:
+        paths = expand_inputs(args.paths)
+    except FileNotFoundError as exc:
+        return err(f"{exc}; pass flow files, directories or globs that exist")
+    if not paths:
+        return err(f"no flow files (*{FILE_SUFFIX}, *{OPEN_SUFFIX}) in {' '.join(args.paths)}")
     status = 0
-    for path in expand_inputs(args.paths):
+    for path in paths:
         scan = FileScan(path)
         print(f"# {path}")
         try:
             for offset, rec in iter_file(path, scan):
                 if args.full:
-                    rec = {k: (unpack_ids(v) if k.endswith("token_ids") and isinstance(v, bytes)
-                               else unpack_floats(v) if k == "completion_logprobs" and isinstance(v, bytes)
-                               else v.decode("utf-8", "replace") if isinstance(v, bytes) else v)
-                           for k, v in rec.items()}
-                    print(json.dumps({"offset": offset, **rec}, ensure_ascii=False, default=str))
+                    print(json.dumps({"offset": offset, **_full(rec)}, ensure_ascii=False, default=str))
                 else:
                     print(json.dumps({"offset": offset, **_summary(rec)}, ensure_ascii=False, default=str, indent=1))
+        except NotAFlowFile as exc:
+            status = err(str(exc))
+            continue
         except SchemaError as exc:
-            print(f"error: {path}: {exc}", file=sys.stderr)
-            status = 2
+            status = err(f"{path}: {exc}")
+        except OSError as exc:
+            status = err(f"{path}: {exc.strerror or exc}")
+            continue
         if scan.torn_tail:
             print(f"# {scan.torn_tail.describe()}", file=sys.stderr)
         print(f"# {scan.records} records")

@@ -21,8 +21,10 @@ def proxy_user(proxy_authorization: str | None) -> str | None:
         decoded = base64.b64decode(token.strip(), validate=True).decode("utf-8", "replace")
     except (binascii.Error, ValueError):
         return None
-    user = unquote(decoded.partition(":")[0])
-    return user or None
+    # Clients percent-decode the URL's user name before building this header, so a session may contain ':'; the
+    # password is ours (always `x`) and never does: split at the last colon.
+    user, sep, _ = decoded.rpartition(":")
+    return unquote(user if sep else decoded) or None
 
 
 def resolve(conn_user: str | None, headers: list[tuple[str, str]], harness_key) -> tuple[str | None, str]:

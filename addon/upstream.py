@@ -33,21 +33,6 @@ class BackendInfo:
         return bool(self.version) and parts(self.version) >= parts(version)
 
 
-def parse_sampling_override(text: str | None) -> dict:
-    """`temperature=1.6,top_p=1.0` → {"temperature": 1.6, "top_p": 1.0}; raises ValueError on bad entries."""
-    out: dict = {}
-    for item in (text or "").split(","):
-        item = item.strip()
-        if not item:
-            continue
-        name, sep, value = item.partition("=")
-        name = name.strip()
-        if not sep or name not in ("temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty"):
-            raise ValueError(f"bad sampling override entry {item!r} (use e.g. temperature=1.6,top_p=1.0)")
-        out[name] = int(value) if name in ("top_k", "seed") else float(value)
-    return out
-
-
 def prompt_size_bound(chat: dict) -> int:
     """A cheap upper bound of the prompt's token count: every token is at least one byte of rendered text, and the
     template adds a bounded amount per message. Used to skip /tokenize when max_tokens cannot overflow."""

@@ -23,39 +23,61 @@ def _positive_int(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    """Every option's help says what it does and its default (a test holds each to that)."""
     p = argparse.ArgumentParser(
         prog="polar-process",
-        description="Rebuild token-faithful training sequences from Polar gateway flow files.")
-    p.add_argument("flows", nargs="+", metavar="FLOWS", help="flow files, directories or globs")
-    p.add_argument("-o", "--out", required=True, metavar="OUT", help="output directory (absent or empty)")
-    p.add_argument("--mode", choices=("prefix_merging", "per_request"), default="prefix_merging")
+        description="Rebuild token-faithful training sequences from Polar gateway flow files.",
+        epilog="Exit codes: 0 ok, 2 bad input (one line on stderr naming the fix). Contracts: DESIGN §3 and §6.")
+    p.add_argument("flows", nargs="+", metavar="FLOWS",
+                   help="flow files (*.msgpack, *.msgpack.open), directories holding them, or globs; required")
+    p.add_argument("-o", "--out", required=True, metavar="OUT",
+                   help="output directory; must be absent or empty unless --overwrite or --incremental; required")
+    p.add_argument("--mode", choices=("prefix_merging", "per_request"), default="prefix_merging",
+                   help="prefix_merging: consecutive turns of a conversation merged into one sequence on their "
+                        "shared prefix; per_request: one sequence per call (default: prefix_merging)")
     p.add_argument("--eot-token-id", type=int, action="append", default=[], metavar="N",
-                   help="end-of-turn token id (repeatable); default: --tokenizer, else the dump's evidence")
+                   help="end-of-turn token id, for every model (repeatable; a warning names ids that never occur "
+                        "in the dump) (default: from --tokenizer, else the dump's evidence: the last id of "
+                        "completions that stopped naturally)")
     p.add_argument("--tokenizer", action="append", default=[], metavar="[MODEL=]DIR",
-                   help="model directory whose config files name the EOS ids (repeatable, optionally per model)")
-    p.add_argument("--rewards", metavar="FILE", help='JSONL {"session": str, "reward": float, "group": str|null}')
-    p.add_argument("--max-batch-tokens", type=_positive_int, default=65536, metavar="N")
-    p.add_argument("--sft-min-reward", type=float, metavar="X", help="sft.jsonl keeps sessions with reward ≥ X")
-    p.add_argument("--side-chains", choices=("include", "zero", "exclude"), default="include")
-    p.add_argument("--on-mismatch", choices=("merge", "split"), default="merge")
-    p.add_argument("--overwrite", action="store_true", help="replace outputs in a non-empty OUT")
+                   help="model directory whose config files name the EOS ids, for every model or for MODEL "
+                        "(repeatable) (default: none)")
+    p.add_argument("--rewards", metavar="FILE",
+                   help='JSONL {"session": str, "reward": float, "group": str|null}; joined to sessions, GRPO '
+                        "advantages per group (default: none; reward and advantage stay null)")
+    p.add_argument("--max-batch-tokens", type=_positive_int, default=65536, metavar="N",
+                   help="Σ n_tokens per batches/ file; a longer sequence is written alone, flagged oversize "
+                        "(default: 65536)")
+    p.add_argument("--sft-min-reward", type=float, metavar="X",
+                   help="sft.jsonl keeps sessions with reward ≥ X (default: every session with a main chain)")
+    p.add_argument("--side-chains", choices=("include", "zero", "exclude"), default="include",
+                   help="reward of side-chain sequences: include = the session's, zero = 0.0, exclude = null and "
+                        "left out of batches/ (default: include)")
+    p.add_argument("--on-mismatch", choices=("merge", "split"), default="merge",
+                   help="a turn re-rendered differently from what was sampled (context_mismatch): merge = flag it "
+                        "and merge anyway, split = start a new sequence (default: merge)")
+    p.add_argument("--overwrite", action="store_true", help="replace outputs in a non-empty OUT (default: off)")
     p.add_argument("--incremental", action="store_true", help=(
         "continue the run whose manifest.json is in OUT: read only closed flow files (*.msgpack) it does not list "
         "(.open files wait until closed); rebuild whole every session with a record in a new file, carry the "
         "others over; recompute every reward and advantage, re-pack batches/, rewrite sft.jsonl and the report. "
         "Same outputs as a full run over the same closed files. Options that decide the merge must match the "
-        "manifest's (else exit 2: use --overwrite)"))
+        "manifest's (else exit 2: use --overwrite) (default: off, a full run)"))
+    p.add_argument("--allow-empty", action="store_true",
+                   help="accept inputs without a readable record and write empty outputs (default: off, exit 2 — "
+                        "an empty directory or a mistyped path is not a successful run)")
     p.add_argument("--engine", choices=("local", "ray"), default="local",
                    help="local: this process; ray: the index pass and the per-session merge as Ray tasks "
-                        "(pip install 'polar-gateway[ray]'), same outputs")
+                        "(pip install 'polar-gateway[ray]'), same outputs (default: local)")
     p.add_argument("--ray-address", metavar="ADDR",
-                   help="Ray cluster to join (default: $RAY_ADDRESS, else a local Ray on this machine); the flow "
-                        "files must be readable at the same paths on every node")
+                   help="Ray cluster to join; the flow files must be readable at the same paths on every node "
+                        "(default: $RAY_ADDRESS, else a local Ray on this machine)")
     p.add_argument("--ray-partitions", type=_positive_int, metavar="N",
-                   help="session partitions (stable hash), one Ray task each; default 4 × the cluster's CPUs")
+                   help="session partitions (stable hash), one Ray task each (default: 4 × the cluster's CPUs)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
-    p.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no summary; warnings and errors still go to stderr (default: off)")
     return p
 
 
@@ -74,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         tokenizers=tuple(args.tokenizer), rewards=args.rewards, max_batch_tokens=args.max_batch_tokens,
         sft_min_reward=args.sft_min_reward, side_chains=args.side_chains, on_mismatch=args.on_mismatch,
         overwrite=args.overwrite, incremental=args.incremental, engine=args.engine, ray_address=args.ray_address,
-        ray_partitions=args.ray_partitions)
+        ray_partitions=args.ray_partitions, allow_empty=args.allow_empty)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         report = pipeline.process(opts, pipeline.Progress(show and not args.quiet))
@@ -82,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         return err(f"no end-of-turn ids for model {exc.args[0]!r}; pass --eot-token-id N or --tokenizer [MODEL=]DIR")
     except (InputError, EotError, RewardsError, OutputError) as exc:
         return err(str(exc))
+    for warning in report["warnings"]:
+        print(f"polar-process: warning: {warning}", file=sys.stderr)
     if not args.quiet:
         print(summary(report))
     return 0

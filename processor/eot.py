@@ -103,6 +103,47 @@ def parse_tokenizer_arg(arg: str) -> tuple[str | None, str]:
     return None, arg
 
 
+def evidence(entries: Iterable[IndexEntry]) -> dict[str | None, Counter]:
+    """Per model, the last ids of completions with finish `stop`/`tool_calls` and a null `stop_reason` (vLLM
+    guarantees those end with EOS), counted."""
+    out: dict[str | None, Counter] = {}
+    for e in entries:
+        if e.finish_reason in ("stop", "tool_calls") and e.stop_reason is None and e.last_completion_id is not None:
+            out.setdefault(e.model_served, Counter())[e.last_completion_id] += 1
+    return out
+
+
+def occurring(calls: Iterable, ids: Iterable[int]) -> list[int]:
+    """Which of `ids` occur in some call's prompt or completion, sorted. Stops reading once every id was found,
+    so a right end-of-turn id costs the first prompt (templates end every message with it)."""
+    want = set(ids)
+    seen: set[int] = set()
+    for c in calls:
+        for arr in (c.completion, c.prompt):
+            if want and arr is not None and len(arr):
+                found = {i for i in want if bool((arr == i).any())}
+                seen |= found
+                want -= found
+        if not want:
+            break
+    return sorted(seen)
+
+
+def never_seen_warning(eot_ids: Iterable[int], seen: Iterable[int], entries: Iterable[IndexEntry]) -> str | None:
+    """The warning for `--eot-token-id` ids that occur in no prompt or completion of the dump (a wrong id makes
+    every merge break with no_eot_in_tail), naming what the dump's own evidence says instead."""
+    unseen = sorted(set(eot_ids) - set(seen))
+    if not unseen:
+        return None
+    ev = Counter()
+    for counts in evidence(entries).values():
+        ev.update(counts)
+    hint = (f"; completions that stopped naturally end with {', '.join(f'{t} ({n}×)' for t, n in ev.most_common(3))}"
+            if ev else "")
+    return (f"--eot-token-id {', '.join(map(str, unseen))} never occurs in the dump (in no prompt or completion): "
+            f"every turn boundary needs an end-of-turn id; check the id{hint}")
+
+
 def resolve(entries: Iterable[IndexEntry], eot_ids: list[int], tokenizers: list[str]) -> EotTable:
     """Build E for every model in the dump. Raises EotError when evidence disagrees; models without any source
     are simply absent (see `missing`)."""
@@ -120,13 +161,7 @@ def resolve(entries: Iterable[IndexEntry], eot_ids: list[int], tokenizers: list[
             table.by_model[model], table.source[model] = ids, f"--tokenizer {directory}"
     if table.default is not None:
         return table
-    evidence: dict[str | None, Counter] = {}
-    for e in entries:
-        if e.model_served in table.by_model:
-            continue
-        if e.finish_reason in ("stop", "tool_calls") and e.stop_reason is None and e.last_completion_id is not None:
-            evidence.setdefault(e.model_served, Counter())[e.last_completion_id] += 1
-    for model, counts in evidence.items():
+    for model, counts in evidence(e for e in entries if e.model_served not in table.by_model).items():
         if len(counts) > 1:
             seen = ", ".join(f"{tid} ({n}×)" for tid, n in counts.most_common())
             raise EotError(f"end-of-turn evidence for model {model!r} disagrees: completions that stopped naturally "

@@ -6,7 +6,8 @@ built. The load pass then reads one session's records back with positioned reads
 the largest session (or the null-session group), not the dump.
 
 Files are ordered by name. A torn tail in a `.open` file is "in progress"; in a closed file it is an error that is
-reported, never fatal. A record with a newer schema version, or something that is not a record, is a clear error.
+reported, never fatal. A record with a newer schema version, or something that is not a record (a whole file of it:
+"not a flow file"), is a clear error.
 Imports: the standard library, msgpack and `polar.addon.record` only.
 """
 
@@ -74,11 +75,9 @@ class Index:
 
 
 def _check_version(v: object, where: str) -> None:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise InputError(f"{where}: not a flow record (invalid or missing 'v': {v!r})")
-    if v > rec.VERSION:
-        raise InputError(f"{where}: record version {v} is newer than this reader ({rec.VERSION}); "
-                         "upgrade polar-gateway")
+    problem = rec.version_problem(v)
+    if problem is not None:
+        raise InputError(f"{where}: {problem}")
 
 
 def _float(x: object) -> float:
@@ -86,10 +85,17 @@ def _float(x: object) -> float:
 
 
 def scan_file(path: str, file_no: int, index: Index) -> None:
-    """Index one file: append its entries and its FileScan to `index`."""
+    """Index one file: append its entries and its FileScan to `index`. A file that does not start with a flow
+    record is an InputError in the record reader's own wording (`record.sniff`), not a torn tail."""
     scan = rec.FileScan(path, is_open=path.endswith(rec.OPEN_SUFFIX))
+    try:
+        problem = rec.sniff(path)
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise InputError(f"{path}: {exc.strerror or exc}") from exc
+    if problem is not None:
+        raise InputError(problem)
     index.scans.append(scan)
-    size = os.path.getsize(path)
     index.total_bytes += size
     with open(path, "rb") as fh:
         unpacker = msgpack.Unpacker(fh, raw=False, strict_map_key=False, read_size=1 << 20,

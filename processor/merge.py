@@ -340,8 +340,10 @@ def merge_group(calls: list[Call], *, mode: str, eot_for: Callable[[str | None],
     res.n_chains = len(members)
     chain_ids = [elig[m[0]].id for m in members]
 
-    # Rule 9: a session's main chain is the chain with the most calls (ties: most trainable tokens, then earliest
-    # start); a diverged chain counts together with the chain it left. In the null group every lineage is main.
+    # Rule 9: a session's main chain is the chain with the most calls (ties: the chain whose first call offered the
+    # most tools — the agent loop offers its tools; titles, routers and memory extractors offer few or none —, then
+    # the longest first prompt, then the earliest start); a diverged chain counts together with the chain it left,
+    # and its first call is the lineage's earliest. In the null group every lineage is main.
     lineages: dict[int, list[int]] = {}
     for c in range(len(members)):
         lineages.setdefault(root(c), []).append(c)
@@ -351,9 +353,8 @@ def merge_group(calls: list[Call], *, mode: str, eot_for: Callable[[str | None],
         def rank(rt: int) -> tuple:
             cs = lineages[rt]
             n_calls = sum(len(members[c]) for c in cs)
-            trainable = sum(len(elig[i].completion) for c in cs for i in members[c])
-            start = min((elig[members[c][0]].t_start, elig[members[c][0]].id) for c in cs)
-            return (-n_calls, -trainable, start)
+            first = min((elig[members[c][0]] for c in cs), key=lambda x: (x.t_start, x.id))
+            return (-n_calls, -first.n_tools, -len(first.prompt), first.t_start, first.id)
         main_roots = {min(lineages, key=rank)} if lineages else set()
     for rt, cs in lineages.items():
         if rt in main_roots:

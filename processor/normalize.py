@@ -37,6 +37,7 @@ class Call:
     tools_json: str | None
     assistant: dict | None
     protocol: str | None
+    n_tools: int = 0  # tools the upstream request offered (rule 9's first tie-break)
 
     @property
     def eligible(self) -> bool:
@@ -139,5 +140,5 @@ def to_call(r: dict, source_file: str, source_offset: int) -> Call:
         model=row["model_served"], finish_reason=row["finish_reason"], stop_reason=row["stop_reason"],
         prompt=prompt, completion=completion, logprobs=logprobs, prompt_bytes=prompt_b,
         constrained=_is_constrained(body), row=row, messages_json=messages_json, tools_json=tools_json,
-        assistant=assistant, protocol=row["protocol"],
+        assistant=assistant, protocol=row["protocol"], n_tools=len(tools) if isinstance(tools, list) else 0,
     )

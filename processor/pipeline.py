@@ -28,7 +28,7 @@ from polar.processor import rewards as rw
 from polar.processor.load import Index, IndexEntry, InputError, RecordSource, build_index
 from polar.processor.merge import FLAGS, GroupResult, Note, Sequence_, merge_group
 from polar.processor.normalize import Call, to_call
-from polar.processor.report import ReportBuilder, render_html
+from polar.processor.report import ReportBuilder, named_sessions, render_html
 from polar.processor.writers import (CALLS_SCHEMA, SEQUENCES_SCHEMA, BatchPacker, OutDir, StreamingParquet, calls_frame,
                                      sequences_frame, sft_line)
 
@@ -50,6 +50,7 @@ class Options:
     engine: str = "local"
     ray_address: str | None = None
     ray_partitions: int | None = None
+    allow_empty: bool = False
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,11 @@ class Settings:
     side_chains: str
     eot: eotmod.EotTable
     rewards: rw.Rewards
+
+    @property
+    def eot_watch(self) -> frozenset[int]:
+        """Ids the user named with `--eot-token-id`: the report says which never occur in the dump."""
+        return self.eot.default if self.eot.default_source == "--eot-token-id" and self.eot.default else frozenset()
 
 
 @dataclass
@@ -101,11 +107,12 @@ class GroupProducts:
     partial: dict
 
 
-def report_partial(session: str | None, calls: list[Call], res: GroupResult, mode: str) -> dict:
+def report_partial(session: str | None, calls: list[Call], res: GroupResult, mode: str,
+                   eot_watch: frozenset[int] = frozenset()) -> dict:
     """One group's share of the report: ReportBuilder's sums and lists after this group alone, as plain JSON
     values. `merge_partial` adds shares in the driver's order, giving what add_group over every group gives."""
     rb = ReportBuilder(mode)
-    rb.add_group(session, calls, res)
+    rb.add_group(session, calls, res, eot_watch)
     out: dict = {}
     for f in dc_fields(ReportBuilder):
         if f.name in ("mode", "excluded_from_batches"):
@@ -136,6 +143,8 @@ def merge_partial(rb: ReportBuilder, part: dict) -> None:
                 tgt = cur.setdefault(key, dict.fromkeys(row, 0))
                 for col, n in row.items():
                     tgt[col] += n
+        elif name == "eot_ids_seen":
+            cur[:] = sorted({*cur, *v})
         elif isinstance(cur, list):
             cur.extend(v)
         else:
@@ -152,7 +161,7 @@ def group_products(session: str | None, records: list[tuple[IndexEntry, dict]], 
         if line is not None:
             lines.append(line)
     return GroupProducts(session, out.call_rows, out.result.sequences, lines,
-                         report_partial(session, out.calls, out.result, settings.mode))
+                         report_partial(session, out.calls, out.result, settings.mode, settings.eot_watch))
 
 
 def partition_of(session: str | None, n: int) -> int:
@@ -240,6 +249,32 @@ def _expand(inputs) -> list[str]:
         raise InputError(str(exc)) from exc
 
 
+def _no_records(inputs, index: Index) -> str:
+    """Exit 2's message when nothing readable was found: an empty directory or a typo in a glob must not look
+    like a successful run."""
+    where = " ".join(inputs)
+    if not index.files:
+        found = f"no flow files (*{rec.FILE_SUFFIX}, *{rec.OPEN_SUFFIX}) in {where}"
+    else:
+        tails = index.torn_tails
+        found = (f"no readable flow record in the {len(index.files)} flow file(s) of {where}"
+                 + (f" ({tails[0].describe()}{' …' if len(tails) > 1 else ''})" if tails else ""))
+    return f"{found}; check the path, or pass --allow-empty to accept a run without records"
+
+
+def _warnings(settings: Settings, report: ReportBuilder, rewards: rw.Rewards, index: Index) -> list[str]:
+    """What the run could do but the user should look at: one sentence each, in report.json and on stderr."""
+    out = []
+    if settings.eot_watch and report.calls > report.calls_without_completion:
+        w = eotmod.never_seen_warning(settings.eot_watch, report.eot_ids_seen, index.entries)
+        if w:
+            out.append(w)
+    if rewards.unmatched_lines:
+        out.append(f"--rewards: {rewards.unmatched_lines} line(s) name sessions that are not in the dump: "
+                   f"{named_sessions(rewards.unmatched_sessions, rewards.unmatched_lines)}; check their session ids")
+    return out
+
+
 def process(opts: Options, progress: Progress | None = None) -> dict:
     """Run the whole pipeline; returns the report. Raises InputError / EotError / RewardsError / OutputError."""
     from polar.processor import manifest as mf
@@ -263,6 +298,8 @@ def process(opts: Options, progress: Progress | None = None) -> dict:
         else:
             plan = None
             index = engine.index(files, on_index)
+        if not index.entries and not opts.allow_empty:
+            raise InputError(_no_records(opts.inputs, index))
         groups = index.sessions()
         try:
             eot = eotmod.resolve(index.entries, list(opts.eot_token_ids), list(opts.tokenizers))
@@ -335,7 +372,7 @@ def process(opts: Options, progress: Progress | None = None) -> dict:
         outputs = {"dir": opts.out, "calls": calls_out.rows, "sequences": seqs_out.rows, "batches": packer.files,
                    "sft_lines": sft_lines}
         doc = report.build(index=index, eot=eot.describe(), rewards=rewards, options=options, outputs=outputs,
-                           seconds=seconds)
+                           seconds=seconds, warnings=_warnings(settings, report, rewards, index))
         doc["engine"] = engine.stats()
         if plan is not None:
             doc["incremental"] = plan.describe(rebuild, len(order))

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import bisect
 import html
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
+from polar.processor.eot import occurring
 from polar.processor.merge import FLAGS, GroupResult, Note
 from polar.processor.normalize import Call
 
@@ -43,8 +44,13 @@ class ReportBuilder:
     per_model: dict[str, dict] = field(default_factory=dict)
     seq_lengths: list[int] = field(default_factory=list)
     session_ratios: list[tuple[str, int, int]] = field(default_factory=list)  # (session, calls, sequences)
+    eot_ids_seen: list[int] = field(default_factory=list)  # watched end-of-turn ids found in this group's tokens
 
-    def add_group(self, session: str | None, calls: list[Call], res: GroupResult) -> None:
+    def add_group(self, session: str | None, calls: list[Call], res: GroupResult,
+                  eot_watch: frozenset[int] = frozenset()) -> None:
+        """Count one group. Per-protocol and per-model rows add up to the totals: a call counts under its own
+        protocol and model, a sequence under its first call's (the one whose prompt it starts with).
+        eot_watch: `--eot-token-id` ids to look for in the group's tokens (`eot.occurring`)."""
         self.calls += len(calls)
         if session is None:
             self.calls_null_session += len(calls)
@@ -68,6 +74,9 @@ class ReportBuilder:
                 row["errors"] += 1 if c.row["error"] is not None else 0
                 row["prompt_tokens"] += p
                 row["completion_tokens"] += q
+        if eot_watch:
+            self.eot_ids_seen = occurring([c for c in calls if c.eligible], eot_watch)
+        protocol_of = {c.id: str(c.protocol) for c in calls}
         n_in = 0
         for s in res.sequences:
             self.sequences += 1
@@ -78,14 +87,16 @@ class ReportBuilder:
             self.flags.update(s.flags)
             if s.break_cause:
                 self.break_causes[s.break_cause] += 1
-            row = self.per_model.setdefault(str(s.model), _table_row())
-            row["sequences"] += 1
-            row["trainable_tokens"] += s.n_trainable
+            for table, key in ((self.per_protocol, protocol_of[s.call_ids[0]]), (self.per_model, str(s.model))):
+                row = table.setdefault(key, _table_row())
+                row["sequences"] += 1
+                row["trainable_tokens"] += s.n_trainable
         self.calls_in_sequences += n_in
         if res.sequences:
             self.session_ratios.append(("(no session)" if session is None else session, n_in, len(res.sequences)))
 
-    def build(self, *, index, eot: dict, rewards, options: dict, outputs: dict, seconds: float) -> dict:
+    def build(self, *, index, eot: dict, rewards, options: dict, outputs: dict, seconds: float,
+              warnings: list[str] = ()) -> dict:
         note = lambda n: {"session": n.session, "chain_id": n.chain_id, "call_id": n.call_id, "cause": n.cause,
                           "token_pos": n.token_pos}  # noqa: E731
         return {
@@ -112,7 +123,8 @@ class ReportBuilder:
             "flags": {f: self.flags.get(f, 0) for f in FLAGS},
             "flag_events": [note(n) for n in self.flag_notes],
             "rewards": {"joined": rewards.joined, "missing": rewards.missing,
-                        "unmatched_lines": rewards.unmatched_lines},
+                        "unmatched_lines": rewards.unmatched_lines, "unmatched_sessions": rewards.unmatched_sessions},
+            "warnings": list(warnings),
             "eot": eot,
             "per_protocol": self.per_protocol,
             "per_model": self.per_model,
@@ -126,6 +138,12 @@ class ReportBuilder:
 
 
 # ---------------------------------------------------------------------------------------------------- summary
+
+def named_sessions(names: list[str], total: int) -> str:
+    """A bounded list of session ids: `a, b, c` or `a, b, c … (12 in all)`."""
+    text = ", ".join(map(repr, names))
+    return text + (f" … ({total} in all)" if total > len(names) else "")
+
 
 def summary(report: dict) -> str:
     """The one-screen summary printed at the end of a run."""
@@ -146,9 +164,11 @@ def summary(report: dict) -> str:
     if flags:
         lines.append("  flags: " + ", ".join(f"{k} {v}" for k, v in flags.items()))
     r = report["rewards"]
-    lines.append(f"  rewards: joined {r['joined']}, missing {r['missing']}, unmatched lines {r['unmatched_lines']}")
+    lines.append(f"  rewards: joined {r['joined']}, missing {r['missing']}, unmatched lines {r['unmatched_lines']}"
+                 + (f" ({named_sessions(r['unmatched_sessions'], r['unmatched_lines'])})"
+                    if r.get("unmatched_sessions") else ""))
     for tail in report["inputs"]["torn_tails"]:
-        lines.append(f"  {'note' if tail['in_progress'] else 'ERROR'}: {tail['message']}")
+        lines.append(f"  {'note: ' if tail['in_progress'] else ''}{tail['message']}")  # the message says ERROR
     if report["inputs"]["open_files"]:
         lines.append(f"  {len(report['inputs']['open_files'])} file(s) still open (.open): read as in progress")
     lines.append(f"  wrote {report['outputs'].get('dir')}: " + ", ".join(
@@ -158,29 +178,43 @@ def summary(report: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------------- html
 
-def _svg_histogram(values: list[float], title: str, xlabel: str, bins: int = 30) -> str:
+def integer_bins(lo: int, hi: int, n: int = 30) -> list[tuple[int, int]]:
+    """At most n bins of whole numbers covering lo..hi, log-spaced (lengths span orders of magnitude): each
+    (first, last) inclusive, the next starting at last + 1, so bins never overlap and no two labels are alike."""
+    base = max(lo, 1)  # 0 gets a bin of its own
+    m = n - 1 if lo < base else n
+    edges = {base, hi + 1, *(round(base * ((hi + 1) / base) ** (i / m)) for i in range(1, m))}
+    if lo < base:
+        edges.add(lo)
+    cuts = sorted(e for e in edges if lo <= e <= hi + 1)
+    return [(a, b - 1) for a, b in zip(cuts, cuts[1:])]
+
+
+def _svg_histogram(values: list[int], title: str, xlabel: str, bins: int = 30) -> str:
+    """Counts of whole numbers in `integer_bins`; each bar's title is its range and count."""
     w, h, pad = 640, 220, 40
     if not values:
         return f"<p>{html.escape(title)}: no data</p>"
     lo, hi = min(values), max(values)
-    span = (hi - lo) or 1.0
-    counts = [0] * bins
+    ranges = integer_bins(lo, hi, bins)
+    starts = [a for a, _ in ranges]
+    counts = [0] * len(ranges)
     for v in values:
-        counts[min(bins - 1, int((v - lo) / span * bins))] += 1
+        counts[bisect.bisect_right(starts, v) - 1] += 1
     top = max(counts)
-    bw = (w - 2 * pad) / bins
+    bw = (w - 2 * pad) / len(ranges)
     bars = []
-    for i, n in enumerate(counts):
+    for i, ((a, b), n) in enumerate(zip(ranges, counts)):
         bh = (h - 2 * pad) * n / top if top else 0
         x = pad + i * bw
-        label = f"{lo + i * span / bins:.0f}–{lo + (i + 1) * span / bins:.0f}: {n}"
+        label = f"{a}{'' if a == b else f'–{b}'}: {n}"
         bars.append(f'<rect x="{x:.1f}" y="{h - pad - bh:.1f}" width="{max(bw - 1, 1):.1f}" height="{bh:.1f}" '
                     f'fill="#4a7bd0"><title>{html.escape(label)}</title></rect>')
     return (f'<figure><figcaption>{html.escape(title)}</figcaption><svg xmlns="http://www.w3.org/2000/svg" '
             f'width="{w}" height="{h}" role="img">{"".join(bars)}'
             f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#333"/>'
-            f'<text x="{pad}" y="{h - pad + 16}" font-size="11">{lo:.0f}</text>'
-            f'<text x="{w - pad}" y="{h - pad + 16}" font-size="11" text-anchor="end">{hi:.0f}</text>'
+            f'<text x="{pad}" y="{h - pad + 16}" font-size="11">{lo}</text>'
+            f'<text x="{w - pad}" y="{h - pad + 16}" font-size="11" text-anchor="end">{hi}</text>'
             f'<text x="{w / 2}" y="{h - 6}" font-size="11" text-anchor="middle">{html.escape(xlabel)}</text>'
             f'<text x="{pad - 4}" y="{pad}" font-size="11" text-anchor="end">{top}</text></svg></figure>')
 
@@ -238,16 +272,17 @@ def render_html(report: dict, seq_lengths: list[int]) -> str:
         f"<td>{html.escape(b['call_id'])}</td><td>{html.escape(b['cause'])}</td><td>{b['token_pos']}</td></tr>"
         for b in breaks)
     tails = "".join(f"<li>{html.escape(x['message'])}</li>" for x in report["inputs"]["torn_tails"])
-    lengths = [math.log2(n) for n in seq_lengths if n > 0]
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'><title>polar-process report</title><style>",
         "body{font:14px system-ui,sans-serif;margin:2em;max-width:72em}table{border-collapse:collapse;margin:.5em 0}",
         "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#eee}td:first-child{text-align:left}",
         "figure{display:inline-block;margin:1em}figcaption{font-weight:600}</style></head><body>",
-        "<h1>polar-process report</h1><table>",
+        "<h1>polar-process report</h1>",
+        "".join(f"<p><strong>warning:</strong> {html.escape(w)}</p>" for w in report.get("warnings", [])),
+        "<table>",
         "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in kv.items()),
         "</table>",
-        _svg_histogram(lengths, "Sequence lengths (log2 tokens)", "log2(n_tokens)"),
+        _svg_histogram(seq_lengths, "Sequence lengths (tokens; log-spaced bins)", "n_tokens"),
         _svg_bars([(s["session"], s["merge_ratio"]) for s in shown],
                   f"Merge ratio per session (calls ÷ sequences; {len(shown)} of {len(sessions)}, highest first)",
                   "sessions"),

@@ -14,6 +14,9 @@ import orjson
 from polar.processor.merge import Sequence_
 
 
+UNMATCHED_NAMED = 10  # unmatched sessions named in the report and the warning; the rest are counted
+
+
 class RewardsError(ValueError):
     """A rewards file the processor cannot use (bad line, duplicate session): the CLI exits 2."""
 
@@ -25,6 +28,7 @@ class Rewards:
     by_session: dict[str, tuple[float, str | None]] = field(default_factory=dict)
     advantage: dict[str, float | None] = field(default_factory=dict)
     unmatched_lines: int = 0  # lines naming a session that is not in the dump
+    unmatched_sessions: list[str] = field(default_factory=list)  # the first UNMATCHED_NAMED of those sessions
     missing: int = 0  # sessions in the dump without a reward line
 
     @property
@@ -39,7 +43,8 @@ class Rewards:
 def read_rewards(path: str | None, sessions: set[str]) -> Rewards:
     """Parse JSONL `{"session": str, "reward": float, "group": str|null}` and join it to the dump's sessions.
 
-    Duplicate session lines are an error; lines for unknown sessions are counted, not used."""
+    Duplicate session lines are an error; lines for unknown sessions are counted, not used, and the first
+    UNMATCHED_NAMED of them named (a typo in a session id should be seen, not only counted)."""
     out = Rewards()
     if path is None:
         out.missing = len(sessions)
@@ -69,6 +74,8 @@ def read_rewards(path: str | None, sessions: set[str]) -> Rewards:
             seen.add(session)
             if session not in sessions:
                 out.unmatched_lines += 1
+                if len(out.unmatched_sessions) < UNMATCHED_NAMED:
+                    out.unmatched_sessions.append(session)
                 continue
             out.by_session[session] = (float(reward), group)
     out.missing = len(sessions - out.by_session.keys())

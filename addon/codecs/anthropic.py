@@ -36,6 +36,7 @@ import json
 import re
 import orjson
 
+from polar.addon.provider_errors import ANTHROPIC_ERRORS, ANTHROPIC_STATUS_TYPES
 from polar.addon.codecs.base import (
     AgentInputError,
     Notes,
@@ -642,18 +643,8 @@ class Encoder:
 
 # -------------------------------------------------------------------------------------------------------- errors
 
-_KIND_STATUS = {
-    "bad_request": (400, "invalid_request_error"),
-    "context_overflow": (400, "invalid_request_error"),
-    "too_large": (413, "request_too_large"),
-    "rate_limited": (429, "rate_limit_error"),
-    "unavailable": (529, "overloaded_error"),
-    "not_found": (404, "not_found_error"),
-    "websocket": (426, "invalid_request_error"),
-}
-_STATUS_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-                529: "overloaded_error"}
+_KIND_STATUS = ANTHROPIC_ERRORS
+_STATUS_TYPE = ANTHROPIC_STATUS_TYPES
 
 
 def _error_status_type(e: GatewayError) -> tuple[int, str]:

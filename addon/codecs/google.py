@@ -25,6 +25,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import orjson
 
+from ..provider_errors import GOOGLE_ERRORS, GOOGLE_STATUS_NAMES
 from .base import AgentInputError, ChatPlan, Completion, Delta, EncodeContext, GatewayError, Route, SessionKey
 
 PROTOCOL = "google_generate"
@@ -674,13 +675,8 @@ class Encoder:
 
 # -------------------------------------------------------------------------------------------------------- errors
 
-_KIND = {"rate_limited": (429, "RESOURCE_EXHAUSTED"), "unavailable": (503, "UNAVAILABLE"),
-         "context_overflow": (400, "INVALID_ARGUMENT"), "too_large": (400, "INVALID_ARGUMENT"),
-         "bad_request": (400, "INVALID_ARGUMENT"), "not_found": (404, "NOT_FOUND"),
-         "websocket": (400, "FAILED_PRECONDITION")}
-_STATUS = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND",
-           409: "ABORTED", 413: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 499: "CANCELLED", 500: "INTERNAL",
-           501: "UNIMPLEMENTED", 503: "UNAVAILABLE", 504: "DEADLINE_EXCEEDED"}
+_KIND = GOOGLE_ERRORS
+_STATUS = GOOGLE_STATUS_NAMES
 
 
 def error_response(e: GatewayError) -> tuple[int, bytes]:

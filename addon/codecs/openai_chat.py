@@ -19,6 +19,8 @@ from typing import Any
 
 import orjson
 
+from polar.addon.provider_errors import OPENAI_ERRORS
+
 from polar.addon.codecs.base import (
     AgentInputError,
     Notes,
@@ -515,15 +517,7 @@ def _data(obj: Any) -> bytes:
 
 DONE = b"data: [DONE]\n\n"
 
-_ERRORS: dict[str, tuple[int, str, str | None]] = {
-    "rate_limited": (429, "requests", "rate_limit_exceeded"),
-    "unavailable": (503, "server_error", "service_unavailable"),
-    "context_overflow": (400, "invalid_request_error", "context_length_exceeded"),
-    "too_large": (413, "invalid_request_error", "request_too_large"),
-    "bad_request": (400, "invalid_request_error", None),
-    "not_found": (404, "invalid_request_error", "not_found"),
-    "websocket": (426, "invalid_request_error", "upgrade_required"),
-}
+_ERRORS = OPENAI_ERRORS
 
 
 def _error_object(e: GatewayError) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 
+import orjson
+
 import pytest
 from mitmproxy import connection, exceptions, http, tls
 from mitmproxy.proxy import context
@@ -47,16 +49,30 @@ def test_1_1_options_enforce_lazy_http2_off_and_loopback(addon):
     assert tctx.options.listen_host == "127.0.0.1"
 
 
-def test_1_2_bad_options_are_refused(addon):
+@pytest.mark.parametrize("name,value", [
+    ("polar_backend", "triton"), ("polar_upstream", "http://127.0.0.1:8000"),
+    ("polar_sampling_override", "temperature"), ("polar_sampling_override", "max_tokens=5"), ("polar_hosts", []),
+    ("polar_connect_timeout", "ten"), ("polar_exact_cache_mb", "-1"), ("polar_thinking_kwarg", "enable thinking"),
+])
+def test_1_2_a_bad_option_fails_closed_with_one_line_naming_it(addon, caplog, name, value):
     gw, tctx = addon
-    with pytest.raises(exceptions.OptionsError):
-        tctx.configure(gw, polar_backend="triton")
-    with pytest.raises(exceptions.OptionsError):
-        tctx.configure(gw, polar_upstream="http://127.0.0.1:8000")
-    with pytest.raises(exceptions.OptionsError):
-        tctx.configure(gw, polar_sampling_override="temperature")
-    with pytest.raises(exceptions.OptionsError):
-        tctx.configure(gw, polar_hosts=[])
+    tctx.configure(gw, **{name: value})
+    assert gw.failure is not None and gw.failure.startswith(f"{name}: expected ")
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1 and name in errors[0].getMessage() and "\n" not in errors[0].getMessage()
+    flow = provider_flow()
+    gw.request(flow)
+    assert flow.response.status_code == 529 and b"overloaded_error" in flow.response.content
+    assert "polar_rerouted" not in flow.metadata and flow.request.host == "api.anthropic.com"
+    ready = tflow.tflow(req=http.Request.make("GET", "http://polar.gateway/ready"))
+    gw.request(ready)
+    info = orjson.loads(ready.response.content)
+    assert ready.response.status_code == 503 and info["fail_closed"] is True and name in info["error"]
+    tctx.configure(gw, **{name: tctx.options.default(name)})  # a good value again: serving
+    assert gw.failure is None
+    flow = provider_flow()
+    gw.request(flow)
+    assert flow.response is None and flow.metadata.get("polar_rerouted")
 
 
 def test_2_1_only_provider_hosts_are_decrypted(addon):
@@ -114,16 +130,29 @@ def test_2_5_a_failing_reroute_fails_closed(addon, monkeypatch):
     monkeypatch.setattr(gw, "_reroute", boom)
     f = provider_flow()
     gw.request(f)
-    assert f.response is not None and f.response.status_code == 503
+    assert f.response is not None and f.response.status_code == 529  # Anthropic's "unavailable"
     assert f.request.host == "api.anthropic.com"  # answered locally: mitmproxy never contacts the real host
 
 
-def test_2_6_endpoint_not_running_fails_closed(addon):
+FAIL_CLOSED_SHAPES = [  # host, path → what each provider's own "unavailable" looks like (DESIGN §4)
+    ("api.anthropic.com", "/v1/messages", 529, lambda b: b["type"] == "error" and b["error"]["type"] == "overloaded_error"),
+    ("api.openai.com", "/v1/chat/completions", 503, lambda b: b["error"]["code"] == "service_unavailable"),
+    ("api.openai.com", "/v1/responses", 503, lambda b: b["error"]["type"] == "server_error"),
+    ("chatgpt.com", "/backend-api/codex/responses", 503, lambda b: b["error"]["code"] == "service_unavailable"),
+    ("dashscope.aliyuncs.com", "/compatible-mode/v1/chat/completions", 503, lambda b: b["error"]["type"] == "server_error"),
+    ("generativelanguage.googleapis.com", "/v1beta/models/m:streamGenerateContent?alt=sse", 503,
+     lambda b: b["error"]["status"] == "UNAVAILABLE" and b["error"]["code"] == 503),
+]
+
+
+@pytest.mark.parametrize("host,path,status,shaped", FAIL_CLOSED_SHAPES)
+def test_2_6_endpoint_not_running_fails_closed_in_each_providers_shape(addon, host, path, status, shaped):
     gw, _ = addon
     gw.endpoint.port = None
-    f = provider_flow()
+    f = provider_flow(host=host, path=path)
     gw.request(f)
-    assert f.response.status_code == 503
+    assert f.response.status_code == status and shaped(orjson.loads(f.response.content))
+    assert f.request.host == host and "polar_rerouted" not in f.metadata
 
 
 def test_3_1_proxy_credentials_name_the_session(addon):

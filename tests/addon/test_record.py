@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import msgpack
@@ -128,3 +129,58 @@ def test_3_4_garbage_is_reported_not_raised(tmp_path):
     scan = rec.FileScan(str(path))
     list(rec.iter_file(str(path), scan, raw=True))
     assert scan.torn_tail is not None or scan.errors
+
+
+# -- 4. the inspector and foreign files (issue 13 items 8, 10, 12) ---------------------------------------------------
+
+@pytest.mark.parametrize("arg", ["missing", "empty_dir", "empty_dir/*.msgpack"])
+def test_4_1_inspector_on_a_missing_path_or_no_flow_files_is_one_line_and_exit_2(tmp_path, capsys, arg):
+    (tmp_path / "empty_dir").mkdir()
+    assert rec.main([str(tmp_path / arg)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("python -m polar.addon.record: error: ") and str(tmp_path) in err
+
+
+FOREIGN = {
+    "text": b"hello, not msgpack\n",
+    "msgpack_array": msgpack.packb([1, 2, 3]) + b"\xc1",
+    "map_without_v": msgpack.packb({"id": "x", "session": "s"}),
+    "map_with_text_v": msgpack.packb({"v": "1", "id": "x"}),
+    "undecodable_map": b"\x81\xc1",
+}
+
+
+@pytest.mark.parametrize("name", FOREIGN)
+def test_4_2_a_file_that_is_not_a_flow_file_has_one_wording(tmp_path, capsys, name):
+    path = tmp_path / "flows-x.msgpack"
+    path.write_bytes(FOREIGN[name])
+    why = rec.sniff(str(path))
+    assert why is not None and why.startswith(f"{path}: not a flow file (")
+    with pytest.raises(rec.NotAFlowFile, match="not a flow file"):
+        list(rec.iter_file(str(path)))
+    assert rec.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"python -m polar.addon.record: error: {why}\n"
+
+
+@pytest.mark.parametrize("blob", [b"", rec.pack(make(0)), rec.pack(make(0))[:7], rec.pack({"v": rec.VERSION + 1})],
+                         ids=["empty", "record", "torn_first_record", "newer_version"])
+def test_4_3_flow_files_pass_the_sniff(tmp_path, blob):
+    """A torn first record is a torn tail and a newer version the reader's 'upgrade' error, not a foreign file."""
+    path = tmp_path / "flows-x.msgpack.open"
+    path.write_bytes(blob)
+    assert rec.sniff(str(path)) is None
+
+
+def test_4_4_inspector_decodes_prompt_tail_ids_like_prompt_token_ids(tmp_path, capsys):
+    parent = make(0, completion_token_ids=rec.pack_ids([4, 5]))
+    child = make(1, prompt_token_ids=None, prompt_ref={"id": parent["id"], "len": 4},
+                 prompt_tail_ids=rec.pack_ids([7, 8]))
+    path = tmp_path / "flows-x.msgpack"
+    path.write_bytes(rec.pack(parent) + rec.pack(child))
+    assert rec.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert '"prompt_tail_ids": "2 ids: [7, 8]"' in out and '"prompt_token_ids": "6 ids: [1, 2, 3, 4, 7, 8]"' in out
+    assert rec.main([str(path), "--full"]) == 0
+    full = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
+    assert full[1]["prompt_tail_ids"] == [7, 8] and full[1]["prompt_token_ids"] == [1, 2, 3, 4, 7, 8]

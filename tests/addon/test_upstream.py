@@ -6,7 +6,7 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from polar.addon.upstream import (BackendInfo, StreamReader, classify_backend_error, parse_sampling_override,
+from polar.addon.upstream import (BackendInfo, StreamReader, classify_backend_error,
                                   prompt_size_bound, shape)
 
 pytestmark = pytest.mark.unit
@@ -60,13 +60,6 @@ def test_1_6_thinking_maps_only_with_the_kwarg_option():
     assert "chat_template_kwargs" not in shaped({"messages": []}, thinking=True).body
     b = shaped({"messages": []}, thinking=False, thinking_kwarg="enable_thinking").body
     assert b["chat_template_kwargs"] == {"enable_thinking": False}
-
-
-def test_1_7_sampling_override_parsing():
-    assert parse_sampling_override("temperature=1.6, top_p=1.0,top_k=20") == {"temperature": 1.6, "top_p": 1.0,
-                                                                              "top_k": 20}
-    with pytest.raises(ValueError):
-        parse_sampling_override("n=2")
 
 
 def test_1_8_prompt_bound_is_an_upper_bound_of_bytes():

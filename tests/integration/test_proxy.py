@@ -1,12 +1,19 @@
-"""The proxy as a process: real mitmdump, real TLS. What gets decrypted, fail-closed behaviour, CA files, binding."""
+"""The proxy as a process: real mitmdump, real TLS. What gets decrypted, fail-closed behaviour, CA files, binding,
+and scripts/proxy start itself (readiness, a second start, the printed session)."""
 
 from __future__ import annotations
 
+import http.server
+import importlib.machinery
+import importlib.util
+import json
 import os
+import shlex
 import socket
 import ssl
 import stat
 import subprocess
+import sys
 import threading
 
 import httpx
@@ -112,7 +119,8 @@ def free_port() -> int:
 
 
 def test_2_1_package_import_failure_fails_closed(tmp_path, upstream):
-    """With the polar package unimportable, provider requests get 503 locally and never reach the real host."""
+    """With the polar package unimportable, provider requests get their own "unavailable" locally (Anthropic's is 529
+    overloaded_error) and never reach the real host."""
     env = polar_import_blocker(tmp_path)
     gw = start_gateway(upstream.base_url, str(tmp_path / "run"), str(tmp_path / "flows"),
                        extra_args=["--allow-fail-closed"], env=env)
@@ -120,9 +128,156 @@ def test_2_1_package_import_failure_fails_closed(tmp_path, upstream):
         with gw.http_client() as client:
             resp = client.post("https://api.anthropic.com/v1/messages", json={"model": "m"},
                                headers={"x-api-key": "sk-secret"})
-        assert resp.status_code == 503
+        assert resp.status_code == 529 and resp.json()["error"]["type"] == "overloaded_error"
         assert "failed to load" in resp.text
         assert "failing closed" in gw.log_text()
-        assert upstream.requests == []
+        assert [r for r in upstream.requests if r.method != "GET"] == []  # scripts/proxy's check GETs /v1/models
     finally:
         gw.stop()
+
+
+# ---------------------------------------------------------------------------------------------- 3. scripts/proxy start
+
+PROXY = [sys.executable, os.path.join(ROOT, "scripts", "proxy")]
+
+
+def load_proxy_script():
+    loader = importlib.machinery.SourceFileLoader("proxy_under_test", os.path.join(ROOT, "scripts", "proxy"))
+    spec = importlib.util.spec_from_loader(loader.name, loader)
+    module = importlib.util.module_from_spec(spec)
+    loader.exec_module(module)
+    return module
+
+
+class ReadinessEndpoint:
+    """An HTTP proxy that answers only the readiness probe: `not_ready` times 503 {"ready": false}, then ready."""
+
+    def __init__(self, not_ready: int):
+        self.answers: list[int] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self):
+                ready = len(outer.answers) >= not_ready
+                body = json.dumps({"ready": ready, "upstream": "u", "pid": 1}).encode()
+                outer.answers.append(200 if ready else 503)
+                self.send_response(outer.answers[-1])
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, args=(0.05,), daemon=True).start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_3_1_not_ready_answers_mean_wait():
+    """The readiness race (issue 13 item 3): a bare 503 {"ready": false} is a start-up in progress, not a failure."""
+    proxy = load_proxy_script()
+    endpoint = ReadinessEndpoint(not_ready=4)
+
+    class Running:
+        def poll(self):
+            return None
+
+    try:
+        infos = proxy.wait_ready([Running()], [endpoint.port], timeout=30)
+    finally:
+        endpoint.close()
+    assert infos == [{"ready": True, "upstream": "u", "pid": 1}]
+    assert endpoint.answers == [503, 503, 503, 503, 200]
+
+
+# Holds the gateway's endpoint start (its `running` hook) until the probe has been answered not-ready N times: the
+# window in which scripts/proxy used to give up, made wide and deterministic.
+LATE_ENDPOINT = '''
+import sys
+if sys.argv and sys.argv[0].endswith("mitmdump"):
+    import asyncio
+    from polar.addon import endpoint, gateway
+
+    N = 3
+    _state = {"not_ready": 0, "go": None}
+    _start, _request = endpoint.Endpoint.start, gateway.PolarGateway.request
+
+    def request(self, flow):
+        _request(self, flow)
+        if flow.request.pretty_host == "polar.gateway" and flow.response and flow.response.status_code == 503:
+            _state["not_ready"] += 1
+            if _state["not_ready"] >= N and _state["go"] is not None:
+                _state["go"].set()
+
+    async def start(self, *args, **kwargs):
+        if _state["not_ready"] < N:
+            _state["go"] = asyncio.Event()
+            await _state["go"].wait()
+        print(f"late-endpoint: starting after {_state['not_ready']} not-ready answers", file=sys.stderr, flush=True)
+        return await _start(self, *args, **kwargs)
+
+    endpoint.Endpoint.start = start
+    gateway.PolarGateway.request = request
+'''
+
+
+def test_3_2_start_waits_for_a_late_endpoint(tmp_path):
+    """A real late start, through scripts/proxy start. Also: a stale run file (its pid is dead) does not block, and
+    an upstream that does not answer is one warning line, not an error (vLLM may still be loading)."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(LATE_ENDPOINT)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    (run_dir / "proxy.json").write_text(json.dumps({"pid": gone.pid, "port": 1, "proxies": [{"pid": gone.pid,
+                                                                                             "port": 1}]}))
+    silent = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    proc = subprocess.run([*PROXY, "start", "--upstream", silent, "--flows", str(tmp_path / "flows"), "--run-dir",
+                           str(run_dir), "--session", "s"], capture_output=True, text=True, timeout=90,
+                          env=dict(os.environ, PYTHONPATH=str(hook)), check=False)
+    try:
+        assert proc.returncode == 0, proc.stderr
+        warnings = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning:")]
+        assert len(warnings) == 1 and f"upstream {silent} does not answer" in warnings[0], proc.stderr
+        state = json.loads((run_dir / "proxy.json").read_text())
+        assert state["pid"] != gone.pid
+        with open(state["log"], "rb") as fh:
+            log = fh.read().decode("utf-8", "replace")
+        assert "late-endpoint: starting after 3 not-ready answers" in log
+    finally:
+        subprocess.run([*PROXY, "stop", "--run-dir", str(run_dir)], capture_output=True, check=False)
+
+
+def test_3_3_a_second_start_is_refused_and_the_session_is_escaped(tmp_path, upstream):
+    """Issue 13 items 6 and 7: `--session` with `@` and `:` reaches the record unchanged; a second start on the same
+    run dir would orphan the first proxy (stop reaches only the run file's pids), so it is refused."""
+    run_dir = str(tmp_path / "run")
+    session = "alice@lab:1"
+    gw = start_gateway(upstream.base_url, run_dir, str(tmp_path / "flows"), extra_args=["--session", session])
+    try:
+        again = subprocess.run([*PROXY, "start", "--upstream", upstream.base_url, "--run-dir", run_dir],
+                               capture_output=True, text=True, timeout=60, check=False)
+        assert again.returncode == 2, again.stderr
+        assert again.stderr.startswith("error: a proxy already runs") and again.stderr.count("\n") == 1
+        with open(os.path.join(run_dir, "proxy.json")) as fh:
+            assert json.load(fh)["pid"] == gw.state["pid"]  # the run file still names the first proxy
+        lines = subprocess.run([*PROXY, "env", "--session", session, "--run-dir", run_dir], capture_output=True,
+                               text=True, check=True).stdout
+        env = dict(shlex.split(line)[1].split("=", 1) for line in lines.splitlines())
+        assert env["HTTPS_PROXY"] == f"http://alice%40lab%3A1:x@127.0.0.1:{gw.port}"
+        with httpx.Client(proxy=env["HTTPS_PROXY"], verify=gw.ssl_context(), trust_env=False, timeout=60) as client:
+            resp = client.post("https://api.openai.com/v1/chat/completions", headers={"authorization": "Bearer sk-x"},
+                               json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert resp.status_code == 200, resp.text
+        assert [r["session"] for r in gw.records()] == [session]
+    finally:
+        gw.stop()
+    assert not os.path.exists(os.path.join(run_dir, "proxy.json"))  # stop reached the first proxy

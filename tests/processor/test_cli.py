@@ -6,6 +6,7 @@ import os
 import polars as pl
 import pytest
 
+from polar.addon import record as rec
 from polar.processor.cli import main
 from polar.processor.writers import CALLS_SCHEMA, SEQUENCES_SCHEMA
 from tests.processor.synth import EOT, session_records, write_flows
@@ -44,7 +45,7 @@ def test_1_1_writes_every_output_with_the_contract_schemas(dump):
     report = json.loads((out / "report.json").read_text())
     assert report["counts"]["calls"] == len(recs) and report["counts"]["calls_without_completion"] == 1
     assert report["merge_ratio"] == seqs["n_calls"].sum() / seqs.height
-    assert report["rewards"] == {"joined": 2, "missing": 1, "unmatched_lines": 1}
+    assert report["rewards"] == {"joined": 2, "missing": 1, "unmatched_lines": 1, "unmatched_sessions": ["ghost"]}
     assert {b["cause"] for b in report["breaks"]} == {"prefix_diverged"}
     s1 = seqs.filter((pl.col("session") == "s1") & ~pl.col("flags").list.contains("side_chain"))
     assert set(s1["advantage"]) == {1.0}
@@ -139,3 +140,69 @@ def test_2_5_summary_and_progress(dump, capsys):
     assert main([str(tmp / "flows"), "-o", str(tmp / "out"), "--progress"]) == 0
     cap = capsys.readouterr()
     assert "merge ratio" in cap.out and "merge" in cap.err and "\r" in cap.err
+
+
+# -- 3. fail closed, say what was wrong (issue 13 items 8, 10) -------------------------------------------------------
+
+def test_3_1_help_describes_every_option_and_its_default(capsys):
+    from polar.processor.cli import parser
+
+    actions = [a for a in parser()._actions if a.dest != "help"]
+    # Required arguments say so; every other option names its default.
+    undocumented = [a.dest for a in actions if not a.help or ("required" if a.required else "default") not in a.help]
+    assert not undocumented
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and all(a.option_strings[-1] in out for a in actions if a.option_strings)
+
+
+@pytest.mark.parametrize("inputs", [["flows"], ["flows/*.msgpack"], ["flows", "flows/torn.msgpack"]],
+                         ids=["empty_dir", "glob_matching_nothing", "only_a_torn_record"])
+def test_3_2_no_readable_record_exits_2_unless_allow_empty(tmp_path, capsys, inputs):
+    (tmp_path / "flows").mkdir()
+    if "flows/torn.msgpack" in inputs:
+        (tmp_path / "flows" / "torn.msgpack").write_bytes(rec.pack(session_records("s", ["turn"])[0])[:40])
+    args = [*(str(tmp_path / i) for i in inputs), "-o", str(tmp_path / "out"), "-q"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--allow-empty" in err and not (tmp_path / "out").exists()
+    assert main([*args, "--allow-empty"]) == 0
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["counts"]["calls"] == 0
+
+
+def test_3_3_a_file_that_is_not_a_flow_file_exits_2_in_the_inspectors_wording(dump, capsys):
+    tmp, _ = dump
+    junk = tmp / "flows" / "flows-junk.msgpack"
+    junk.write_bytes(b"hello, not msgpack\n")
+    for allow in ((), ("--allow-empty",)):
+        assert run(tmp, *allow) == 2
+        assert capsys.readouterr().err == f"polar-process: error: {rec.sniff(str(junk))}\n"
+    assert rec.main([str(junk)]) == 2 and rec.sniff(str(junk)) in capsys.readouterr().err
+
+
+def test_3_4_an_eot_token_id_that_never_occurs_is_a_warning(dump, capsys):
+    tmp, _ = dump
+    assert run(tmp, "--eot-token-id", "9999", "--eot-token-id", str(EOT)) == 0
+    err = capsys.readouterr().err
+    assert "polar-process: warning: --eot-token-id 9999 never occurs in the dump" in err
+    assert f"end with {EOT} (" in err  # the dump's own evidence, named
+    report = json.loads((tmp / "out" / "report.json").read_text())
+    assert [w for w in report["warnings"] if "9999" in w]
+    assert "--eot-token-id 9999 never occurs" in (tmp / "out" / "report.html").read_text()
+    assert run(tmp, "--eot-token-id", str(EOT), "--overwrite") == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_3_5_unmatched_reward_lines_are_named_first_ten(dump, capsys):
+    tmp, _ = dump
+    ghosts = [f"ghost-{i:02d}" for i in range(12)]
+    (tmp / "r.jsonl").write_text("\n".join(json.dumps({"session": s, "reward": 1.0, "group": "g"})
+                                           for s in ["s1", *ghosts]))
+    assert main([str(tmp / "flows"), "-o", str(tmp / "out"), "--rewards", str(tmp / "r.jsonl")]) == 0
+    cap = capsys.readouterr()
+    named = ", ".join(repr(s) for s in ghosts[:10])
+    assert f"--rewards: 12 line(s) name sessions that are not in the dump: {named} … (12 in all)" in cap.err
+    assert f"unmatched lines 12 ({named} … (12 in all))" in cap.out
+    rewards = json.loads((tmp / "out" / "report.json").read_text())["rewards"]
+    assert rewards["unmatched_lines"] == 12 and rewards["unmatched_sessions"] == ghosts[:10]

@@ -63,11 +63,23 @@ def test_1_5_missing_input_is_an_error(tmp_path):
         build_index([str(tmp_path / "nope")])
 
 
-def test_1_6_garbage_file_is_a_reported_torn_tail(tmp_path):
+def test_1_6_garbage_after_records_is_a_reported_torn_tail(tmp_path):
+    (path,) = write_flows(str(tmp_path), session_records("a", ["turn"]))
+    with open(path, "ab") as fh:
+        fh.write(msgpack.packb([1, 2, 3]) + b"\xc1\xc1")
+    index = build_index([path])
+    assert len(index.entries) == 1 and index.torn_tails[0].offset == index.entries[0].length
+
+
+@pytest.mark.parametrize("blob", [msgpack.packb([1, 2, 3]) + b"\xc1\xc1", b"hello, not msgpack\n",
+                                  msgpack.packb({"id": "no version"}), msgpack.packb({"v": "1"})],
+                         ids=["msgpack_array", "text", "map_without_v", "map_with_text_v"])
+def test_1_7_a_file_that_is_not_a_flow_file_is_an_error_in_the_record_readers_wording(tmp_path, blob):
     p = tmp_path / "flows-x.msgpack"
-    p.write_bytes(msgpack.packb([1, 2, 3]) + b"\xc1\xc1")
-    index = build_index([str(p)])
-    assert index.entries == [] and index.torn_tails[0].offset == 0
+    p.write_bytes(blob)
+    with pytest.raises(InputError) as exc:
+        build_index([str(p)])
+    assert str(exc.value) == rec.sniff(str(p)) and "not a flow file" in str(exc.value)
 
 
 def test_9_1_integer_stop_reason_is_indexed_as_text(tmp_path):

@@ -1,5 +1,7 @@
 """Scenarios for processor/merge.py: DESIGN §6 rules 1–4 and 6–9, on hand-made token layouts."""
 
+import json
+
 import numpy as np
 import pytest
 
@@ -105,7 +107,8 @@ def test_1_8_compaction_is_prefix_diverged_and_counts_with_the_chain_it_left():
     (br,) = res.breaks
     assert (br.cause, br.chain_id, br.call_id, br.token_pos) == ("prefix_diverged", a.id, c.id, len(P1) + 3)
     assert only(res, sequence_id=c.id).break_cause == "prefix_diverged"
-    # the main lineage is a's chain plus c's chain (3 calls) over the side agent (3 calls): tie → trainable tokens
+    # the main lineage is a's chain plus c's chain (3 calls) over the side agent (3 calls): a tie; neither offers
+    # tools, so the longer first prompt (a's) decides
     assert {s.sequence_id for s in res.sequences if "side_chain" not in s.flags} == {a.id, c.id}
     assert [x.id for x in res.sft_calls] == [c.id]
 
@@ -157,3 +160,60 @@ def test_2_2_exact_tip_replaces_before_extension():
     expect = [Route("open", 0), Route("join", 0), Route("replace", 0, replaced=1),
               Route("open", 1, diverged_from=0, diverged_pos=1)]
     assert route_calls(as_bytes) == route_calls_naive(prompts) == expect
+
+
+# -- 9. rule 9's tie-break (issue 13 item 13) ----------------------------------------------------------------------
+
+def body(n_tools: int, messages=()) -> bytes:
+    tools = [{"type": "function", "function": {"name": f"tool_{i}", "parameters": {"type": "object"}}}
+             for i in range(n_tools)]
+    return json.dumps({"messages": list(messages), "tools": tools}).encode()
+
+
+def one_call_chain(lead: int, tools: int, prompt_len: int, completion_len: int, t: float, messages=()):
+    """A chain of one call; `lead` keeps its prompt from being a prefix of another chain's."""
+    return call([1, lead, *[9] * (prompt_len - 3), 5], [*[20] * (completion_len - 1), EOT], t=t,
+                body=body(tools, messages))
+
+
+# Two one-call chains in one session, as Qwen Code's one turn + its memory extractor: (tools, prompt length,
+# completion length, start) of the agent's call and of the other call, and which one rule 9 makes main.
+TIE_BREAKS = {
+    "most_tools_wins_over_more_trainable_tokens": ((11, 10, 2, 1.0), (0, 10, 60, 2.0), "agent"),
+    "most_tools_wins_over_a_longer_first_prompt": ((11, 10, 2, 1.0), (0, 90, 60, 2.0), "agent"),
+    "most_tools_wins_over_an_earlier_start": ((11, 10, 2, 2.0), (2, 90, 60, 1.0), "agent"),
+    "same_tools_longest_first_prompt": ((3, 10, 2, 1.0), (3, 11, 2, 2.0), "other"),
+    "same_tools_and_prompt_earliest_start": ((3, 10, 50, 2.0), (3, 10, 2, 1.0), "other"),
+}
+
+
+@pytest.mark.parametrize("name", TIE_BREAKS)
+def test_9_1_main_chain_ties_go_to_most_tools_then_longest_first_prompt_then_earliest_start(name):
+    agent_spec, other_spec, want = TIE_BREAKS[name]
+    agent, other = one_call_chain(40, *agent_spec), one_call_chain(41, *other_spec)
+    res = merged(sorted([agent, other], key=lambda c: c.t_start))
+    main_call = agent if want == "agent" else other
+    assert res.n_chains == 2
+    assert [s.sequence_id for s in res.sequences if "side_chain" not in s.flags] == [main_call.id]
+    assert [c.id for c in res.sft_calls] == [main_call.id]
+
+
+def test_9_2_qwen_code_one_turn_with_memory_extractor_picks_the_agents_chain():
+    """The agent's request as Qwen Code sent it (../shared/captures, read here, never copied), then a memory
+    extractor over the same conversation: no tools, a longer prompt, a longer answer."""
+    from tests.support.captures import capture_files
+
+    files = [f for f in capture_files("qwen-code") if "turn1" in f]
+    if not files:
+        pytest.skip("no Qwen Code capture in ../shared/captures")
+    with open(files[0], encoding="utf-8") as fh:
+        agent_body = json.load(fh)["body"]
+    assert len(agent_body["tools"]) > 0
+    extractor_body = {"model": agent_body.get("model"), "stream": True,
+                      "messages": [*agent_body["messages"], {"role": "user", "content": "Extract memories as JSON."}]}
+    agent = call([1, 40, *[9] * 30, 5], [20, 21, EOT], t=1.0, body=json.dumps(agent_body).encode())
+    extractor = call([1, 41, *[9] * 60, 5], [*[30] * 80, EOT], t=2.0, body=json.dumps(extractor_body).encode())
+    res = merged([agent, extractor])
+    assert only(res, sequence_id=extractor.id).flags == ["side_chain"]
+    assert only(res, sequence_id=agent.id).flags == [] and [c.id for c in res.sft_calls] == [agent.id]
+    assert agent.n_tools == len(agent_body["tools"]) and extractor.n_tools == 0

@@ -1,0 +1,232 @@
+"""The gateway's options: each declared once (name, mitmproxy type, default, help, what it accepts), parsed together
+into one frozen `GatewayOptions`. No mitmproxy import: the addon registers them in `load` and parses them in
+`configure`; tests parse plain dicts.
+
+Fail closed (DESIGN §4): a value that does not parse must never leave a provider request to mitmproxy. Two rules:
+- every value is checked here, before the gateway changes any state, and a bad one is one `OptionError` line naming
+  the option and what it expects (the gateway then logs it and answers providers with their 503);
+- mitmproxy parses `--set` values of options a script declares only when the script registers them, and a value it
+  cannot parse there (`polar_exact=yes`, a repeated `--set`) aborts the script's load silently — no addon, so a plain
+  proxy that forwards provider requests with their keys. `take_unparseable` runs in `load`, before that parse, and
+  moves such values out of mitmproxy's deferred set into errors of our own.
+"""
+
+from __future__ import annotations
+
+import math
+import string
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+from . import hosts as hostlist
+
+SAMPLING_OVERRIDE_KEYS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "seed": int,
+                          "repetition_penalty": float}
+
+
+class OptionError(ValueError):
+    """One option's bad value: `str()` is the one line the proxy logs."""
+
+    def __init__(self, name: str, expects: str, value: Any):
+        self.name = name
+        super().__init__(f"{name}: expected {expects}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    typespec: Any  # what mitmproxy's loader.add_option gets
+    default: Any
+    help: str
+    expects: str  # completes "expected …" in the error line
+
+
+@dataclass(frozen=True)
+class GatewayOptions:
+    upstream: str
+    flows: str
+    model: str | None
+    hosts: frozenset[tuple[str, int]]
+    backend: str
+    upstream_api_key: str | None
+    connect_timeout: float
+    first_byte_timeout: float
+    idle_timeout: float
+    max_body_bytes: int
+    rotate_mb: float
+    min_free_mb: float
+    logprobs_mode: str
+    thinking_kwarg: str | None
+    sampling_override: dict
+    exact: bool
+    exact_cache_bytes: int
+
+
+# Numbers are str options: mitmproxy's --set cannot parse float options (NotImplementedError at startup).
+OPTIONS: tuple[Option, ...] = (
+    Option("polar_upstream", str, "http://127.0.0.1:8000/v1",
+           "OpenAI-compatible backend base URL ending in /v1 (vLLM or SGLang).", "an http(s) URL ending in /v1"),
+    Option("polar_flows", str, "./flows", "Directory for flow records.", "a writable directory"),
+    Option("polar_model", Optional[str], None, "Model sent upstream; default: the backend's first /v1/models entry.",
+           "a model name, or unset for the backend's first model"),
+    Option("polar_hosts", Sequence[str], list(hostlist.DEFAULT_HOSTS),
+           "Provider hosts to decrypt and answer (exact names, host or host:port).",
+           "host or host:port entries (at least one)"),
+    Option("polar_backend", str, "auto", "Backend kind: auto|vllm|sglang.", "auto, vllm or sglang"),
+    Option("polar_upstream_api_key", Optional[str], None, "API key sent to the backend.",
+           "a key of printable characters without spaces"),
+    Option("polar_connect_timeout", str, "10", "Backend connect timeout, seconds.", "a positive number of seconds"),
+    Option("polar_first_byte_timeout", str, "600", "Backend first-chunk timeout, seconds.",
+           "a positive number of seconds"),
+    Option("polar_idle_timeout", str, "600", "Longest silence between two backend chunks once streaming, seconds.",
+           "a positive number of seconds"),
+    Option("polar_max_body_mb", str, "32", "Largest agent request body accepted, MB.", "a positive number of MB"),
+    Option("polar_rotate_mb", str, "256", "Rotate flow files at this size, MB.", "a positive number of MB"),
+    Option("polar_min_free_mb", str, "512",
+           "Refuse new generations (retryable error) below this much free disk, MB (0: off).",
+           "a number of MB, 0 or more"),
+    Option("polar_logprobs_mode", str, "raw_logprobs",
+           "What the backend was started with: raw_logprobs|processed_logprobs.",
+           "raw_logprobs or processed_logprobs"),
+    Option("polar_thinking_kwarg", Optional[str], None,
+           "chat_template_kwargs key for thinking on/off (unset: thinking controls are not mapped).",
+           "an identifier such as enable_thinking, or unset"),
+    Option("polar_sampling_override", Optional[str], None,
+           "Sampling applied to every generation, e.g. temperature=1.6,top_p=1.0.",
+           "comma-separated name=number entries, names from " + ", ".join(SAMPLING_OVERRIDE_KEYS)),
+    Option("polar_exact", bool, False,
+           "Exact on-policy mode: splice the sampled ids into the next prompt (vLLM 0.30+).",
+           'true or false (or the value omitted, meaning true)'),
+    Option("polar_exact_cache_mb", str, "512", "Exact mode: memory bound of the per-session turn cache, MB.",
+           "a positive number of MB"),
+)
+BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
+
+
+# ------------------------------------------------------------------------------------------------------ parsing
+
+def _number(name: str, raw: Any, *, zero_ok: bool = False) -> float:
+    option = BY_NAME[name]
+    try:
+        value = float(str(raw).strip())
+    except ValueError:
+        raise OptionError(name, option.expects, raw) from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise OptionError(name, option.expects, raw)
+    return value
+
+
+def _choice(name: str, raw: Any, choices: tuple[str, ...]) -> str:
+    if raw not in choices:
+        raise OptionError(name, BY_NAME[name].expects, raw)
+    return raw
+
+
+def _upstream(raw: Any) -> str:
+    text = str(raw).strip()
+    scheme, sep, rest = text.partition("://")
+    if not sep or scheme not in ("http", "https") or not rest.split("/", 1)[0] or not text.rstrip("/").endswith("/v1"):
+        raise OptionError("polar_upstream", BY_NAME["polar_upstream"].expects, raw)
+    return text
+
+
+def _name(option: str, raw: Any, allowed: Callable[[str], bool]) -> str | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or not raw or not allowed(raw):
+        raise OptionError(option, BY_NAME[option].expects, raw)
+    return raw
+
+
+def _hosts(raw: Any) -> frozenset[tuple[str, int]]:
+    try:
+        parsed = hostlist.parse_hosts(raw or ())
+    except ValueError:
+        parsed = frozenset()
+    if not parsed:
+        raise OptionError("polar_hosts", BY_NAME["polar_hosts"].expects, list(raw or ()))
+    return parsed
+
+
+def parse_sampling_override(text: str | None) -> dict:
+    """`temperature=1.6,top_p=1.0` → {"temperature": 1.6, "top_p": 1.0}; OptionError names the first bad entry."""
+    out: dict = {}
+    for item in (text or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, value = (part.strip() for part in item.partition("="))
+        kind = SAMPLING_OVERRIDE_KEYS.get(name)
+        try:
+            number = kind(value) if sep and kind else None
+        except ValueError:
+            number = None
+        if number is None or not math.isfinite(number):
+            raise OptionError("polar_sampling_override", BY_NAME["polar_sampling_override"].expects, item)
+        out[name] = number
+    return out
+
+
+def _printable(text: str) -> bool:
+    return all(c in string.printable and not c.isspace() for c in text)
+
+
+def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
+    """Every gateway option checked and converted; raises OptionError for the first bad one (in OPTIONS order)."""
+    v = values
+    upstream = _upstream(v["polar_upstream"])
+    flows = str(v["polar_flows"])
+    if not flows.strip():
+        raise OptionError("polar_flows", BY_NAME["polar_flows"].expects, v["polar_flows"])
+    model = _name("polar_model", v["polar_model"], lambda s: bool(s.strip()))
+    hosts = _hosts(v["polar_hosts"])
+    backend = _choice("polar_backend", v["polar_backend"], ("auto", "vllm", "sglang"))
+    api_key = _name("polar_upstream_api_key", v["polar_upstream_api_key"], _printable)
+    numbers = {name: _number(name, v[name], zero_ok=name == "polar_min_free_mb") for name in (
+        "polar_connect_timeout", "polar_first_byte_timeout", "polar_idle_timeout", "polar_max_body_mb",
+        "polar_rotate_mb", "polar_min_free_mb")}
+    logprobs_mode = _choice("polar_logprobs_mode", v["polar_logprobs_mode"], ("raw_logprobs", "processed_logprobs"))
+    thinking_kwarg = _name("polar_thinking_kwarg", v["polar_thinking_kwarg"], str.isidentifier)
+    override = parse_sampling_override(v["polar_sampling_override"])
+    if not isinstance(v["polar_exact"], bool):
+        raise OptionError("polar_exact", BY_NAME["polar_exact"].expects, v["polar_exact"])
+    cache_mb = _number("polar_exact_cache_mb", v["polar_exact_cache_mb"])
+    return GatewayOptions(
+        upstream=upstream, flows=flows, model=model, hosts=hosts, backend=backend, upstream_api_key=api_key,
+        connect_timeout=numbers["polar_connect_timeout"], first_byte_timeout=numbers["polar_first_byte_timeout"],
+        idle_timeout=numbers["polar_idle_timeout"],
+        max_body_bytes=int(numbers["polar_max_body_mb"] * 1024 * 1024),
+        rotate_mb=numbers["polar_rotate_mb"], min_free_mb=numbers["polar_min_free_mb"],
+        logprobs_mode=logprobs_mode, thinking_kwarg=thinking_kwarg, sampling_override=override,
+        exact=v["polar_exact"], exact_cache_bytes=int(cache_mb * 1024 * 1024),
+    )
+
+
+# ------------------------------------------------------------------------------------------- mitmproxy's deferral
+
+def take_unparseable(optmanager, names) -> dict[str, OptionError]:
+    """Remove from mitmproxy's deferred `--set` values those of `names` that mitmproxy's own parser would reject when
+    the script registers them (which would abort the script's load without a word); return the error for each.
+
+    Uses mitmproxy 12's `OptManager.deferred` and `_parse_setval`; if those ever change shape, every deferred value of
+    ours counts as unparseable — the gateway then fails closed instead of silently loading nothing."""
+    errors: dict[str, OptionError] = {}
+    deferred = getattr(optmanager, "deferred", None)
+    if not isinstance(deferred, dict):
+        return errors
+    for name in [n for n in deferred if n in names]:
+        raw = deferred[name]
+        strings = getattr(raw, "val", None)
+        if not isinstance(strings, list):
+            continue  # a typed value set from Python, checked by mitmproxy's type check where it is set
+        try:
+            optmanager._parse_setval(optmanager._options[name], strings)
+        except Exception:  # noqa: BLE001 — whatever mitmproxy would raise there is fatal to the load
+            del deferred[name]
+            shown = strings[0] if len(strings) == 1 else strings
+            expects = BY_NAME[name].expects if name in BY_NAME else "a valid value"
+            if len(strings) > 1 and BY_NAME.get(name) and BY_NAME[name].typespec is not Sequence[str]:
+                expects = "one value (--set given more than once)"
+            errors[name] = OptionError(name, expects, shown)
+    return errors

@@ -1,0 +1,67 @@
+"""Scenarios for processor/report.py: report.json's tables and report.html's plots (DESIGN §3, issue 13 item 11)."""
+
+import json
+import re
+
+import pytest
+
+from polar.processor.cli import main
+from polar.processor.report import _svg_histogram, integer_bins
+from tests.processor.synth import session_records, write_flows
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("report")
+    recs = session_records("s1", ["turn", "turn", "side", "retry", "trunc", "turn", "compact", "turn", "error"],
+                           seed=1)
+    recs += session_records("s2", ["turn", "turn", "nolp"], seed=2) + session_records(None, ["turn", "side"], seed=4)
+    write_flows(str(tmp / "flows"), recs, per_file=5)
+    assert main([str(tmp / "flows"), "-o", str(tmp / "out"), "-q"]) == 0
+    return json.loads((tmp / "out" / "report.json").read_text()), (tmp / "out" / "report.html").read_text()
+
+
+@pytest.mark.parametrize("table", ["per_protocol", "per_model"])
+def test_1_1_per_protocol_and_per_model_tables_add_up_to_the_totals(report, table):
+    doc, page = report
+    rows = doc[table].values()
+    assert len(doc["per_protocol"]) > 1  # the synthetic calls use every protocol
+    total = lambda col: sum(r[col] for r in rows)  # noqa: E731
+    assert total("calls") == doc["counts"]["calls"]
+    assert total("calls_without_completion") == doc["counts"]["calls_without_completion"]
+    assert total("sequences") == doc["counts"]["sequences"] > 0
+    assert total("trainable_tokens") == doc["tokens"]["trainable"] > 0
+    assert total("prompt_tokens") + total("completion_tokens") == doc["tokens"]["records_total"]
+    # report.html shows the same rows
+    title = {"per_protocol": "Per protocol", "per_model": "Per model"}[table]
+    section = page.split(f"<h2>{title}</h2>", 1)[1].split("<h2>", 1)[0]
+    head = re.findall(r"<th>([^<]*)</th>", section)
+    cells = [re.findall(r"<td>([^<]*)</td>", tr) for tr in section.split("<tr>")[2:]]
+    assert sum(int(c[head.index("sequences")]) for c in cells) == doc["counts"]["sequences"]
+
+
+@pytest.mark.parametrize("lengths", [[32, 33, 35, 40, 47, 50, 60, 64], [5, 5, 5], [0, 1, 2, 70_000],
+                                     list(range(100, 4000, 37))], ids=["narrow", "one_value", "zero_and_wide", "wide"])
+def test_1_2_length_histogram_bins_are_integer_non_overlapping_and_distinct(lengths):
+    svg = _svg_histogram(lengths, "Sequence lengths", "n_tokens")
+    labels = re.findall(r"<title>([^<]*)</title>", svg)
+    assert len(labels) == len(set(labels)) <= 30
+    ranges, counts = [], []
+    for label in labels:
+        m = re.fullmatch(r"(\d+)(?:–(\d+))?: (\d+)", label)
+        assert m, label
+        a, b = int(m[1]), int(m[2] or m[1])
+        ranges.append((a, b))
+        counts.append(int(m[3]))
+    assert ranges[0][0] == min(lengths) and ranges[-1][1] == max(lengths)
+    assert all(a <= b for a, b in ranges) and all(nxt[0] == prev[1] + 1 for prev, nxt in zip(ranges, ranges[1:]))
+    assert sum(counts) == len(lengths)
+    assert all(n == sum(a <= v <= b for v in lengths) for (a, b), n in zip(ranges, counts))
+
+
+def test_1_3_integer_bins_are_log_spaced():
+    bins = integer_bins(1, 100_000)
+    widths = [b - a + 1 for a, b in bins]
+    assert 25 <= len(bins) <= 30 and widths == sorted(widths) and widths[0] == 1 and widths[-1] > 10_000
