@@ -1,4 +1,4 @@
-"""Exact on-policy mode (`polar_exact`, DESIGN §7, FIELD-NOTES §7): the model sees exactly the tokens it sampled.
+"""Exact on-policy mode (`polar_exact`): the model sees exactly the tokens it sampled. docs/architecture.md#exact-mode.
 
 Normally every turn's history is re-rendered by the chat template, so the context of turn N+1 is not "prompt N +
 the ids sampled at turn N" (non-canonical BPE splits, re-serialized tool-call JSON, stripped reasoning). In this
@@ -12,13 +12,37 @@ The spliced ids go upstream as `kv_transfer_params.prompt_token_ids` (vLLM uses 
 tool-call and reasoning parsers), and the echoed prompt ids are checked against what was sent. A turn that cannot
 be spliced takes the normal path; its record says why (`exact.fallback_reason`). Nothing fails because of this mode.
 
-A startup probe (lazily, at the first call) sends deliberately non-canonical ids and requires them echoed unchanged;
-otherwise the mode is refused for this backend with a clear log line and `fallback_reason: mode_refused` on every
-record. The same probe learns the template's end-of-turn id from two `/tokenize` renders.
+The probe runs lazily, inside the first generation call that reaches this mode — not when mitmdump starts — and
+again for each new (backend URL, model, backend version), e.g. after a connection failure made the gateway resolve
+a changed backend. It renders "Polar probe" a few ways with `/tokenize` (about 15 small calls) to learn the
+template's end-of-turn id, then sends one 1-token chat call with deliberately non-canonical ids and requires them
+echoed unchanged. A refusal is logged once and kept for the life of the process: every record says `mode_refused`.
+A probe that could not run (backend down, 5xx) is not kept: that call records `probe_error`, the next one retries.
 
-Records: `exact` {parent, splice_pos, eot_count, render_len, drift, path, fallback_reason, ...}; prompt ids in
-DESIGN §5's compact form (`prompt_ref` {id, len} + `prompt_tail_ids`) whenever the echoed prompt starts with a
-cached turn's prompt + completion, so token arrays stop growing quadratically; `record.PromptResolver` rebuilds.
+Record field `exact` (a map on every generation record while the mode is on; nil when it is off, and on calls that
+failed before reaching the mode: bad agent input, backend unreachable while resolving the model):
+- `path` str: `exact` (the spliced ids were sent and echoed unchanged) | `normal` (the template's own render).
+- `fallback_reason` str|nil: nil on the exact path, else one of the codes below.
+- `detail` str, only with some reasons: the error text (probe_error, mode_refused, render_failed,
+  boundary_not_found, echo_mismatch, internal_error).
+- `parent` str|nil: id of the cached record whose prompt + completion head the splice (kept when a later step
+  fell back, e.g. media or echo_mismatch).
+- `splice_pos` int|nil: length of that head (parent prompt + sampled ids, + 1 when the template's end-of-turn id
+  was appended): where the canonical tail starts in the ids sent.
+- `eot_count` int|nil: end-of-turn ids in the head, i.e. turns ended before the new messages; the canonical render is
+  cut after its `eot_count`-th end-of-turn id.
+- `render_len` int|nil: length of the canonical render (`/tokenize` of the new history, generation prompt on).
+- `drift` int|nil: how far the canonical render of the shared history is from what the model really saw: positions
+  that differ, aligned from the start, plus the difference in length. 0: the template re-renders the sampled turns
+  exactly (the normal path would have given the same prompt); > 0: the normal path would have shown the model another
+  context (the processor's `context_mismatch`).
+- `prep_ms` float: time spent preparing the call in this mode (the probe included, on the calls that ran or
+  awaited it).
+The four numbers are nil when no splice was computed (no parent, media, render_failed, and boundary_not_found, which
+sets only `render_len`). Prompt ids are stored compactly (`prompt_ref` {id, len} + `prompt_tail_ids`, see
+docs/records.md) whenever a parent was found and the echoed prompt starts with its prompt, so token arrays stop
+growing quadratically; `record.PromptResolver` rebuilds them. On the exact path the recorded `upstream_request`
+carries `"<record prompt_token_ids>"` instead of repeating the ids; after an echo mismatch it keeps the ids sent.
 """
 
 from __future__ import annotations
@@ -42,12 +66,13 @@ PROBE_TEXT = "Polar probe"
 ELIDED_IDS = "<record prompt_token_ids>"
 
 # fallback_reason values (short codes; `detail` carries the message where there is one)
-NO_PARENT = "no_parent"            # nothing cached for this session (a first turn, or evicted)
+NEW_CONVERSATION = "new_conversation"  # no assistant turn in the history: a first call, nothing to splice
+NO_PARENT = "no_parent"            # earlier turns in the history, none cached (restart, eviction, another proxy)
 HISTORY_EDITED = "history_edited"  # turns are cached, but none is a prefix of the new history
-MEDIA = "media"                    # non-text content: vLLM ignores the ids then (FIELD-NOTES §7)
+MEDIA = "media"                    # non-text content: vLLM 0.32+ silently ignores the ids then
 BOUNDARY = "boundary_not_found"    # the canonical render has fewer end-of-turn ids than the splice needs
 ECHO = "echo_mismatch"             # the backend did not use the ids we sent
-REFUSED = "mode_refused"           # the startup probe failed: the backend does not take prompt ids
+REFUSED = "mode_refused"           # the probe failed: the backend does not take prompt ids
 PROBE_ERROR = "probe_error"        # the probe could not run (backend down); retried at the next call
 RENDER = "render_failed"           # /tokenize failed
 TOO_LONG = "prompt_too_long"       # the spliced prompt does not fit the context: the normal path answers
@@ -320,6 +345,11 @@ class ExactMode:
             return turn
         if not probe.ok:
             meta.update(fallback_reason=REFUSED, detail=probe.message)
+            return turn
+        if not any(m.get("role") == "assistant" for m in messages if isinstance(m, dict)):
+            # A first call (a new conversation, or a side call such as a title or router call): no cached turn can
+            # be its parent, whatever else this session has answered. Not a miss, and not an edit.
+            meta["fallback_reason"] = NEW_CONVERSATION
             return turn
         turns = self.cache.turns(session)
         parent = find_parent(turns, turn.key, keys) if turns else None

@@ -1,4 +1,4 @@
-"""`polar-process FLOWS... -o OUT` (DESIGN §3). Exit codes: 0 ok, 2 bad input."""
+"""`polar-process FLOWS... -o OUT`. Exit codes: 0 ok, 2 bad input."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="polar-process",
         description="Rebuild token-faithful training sequences from Polar gateway flow files.",
-        epilog="Exit codes: 0 ok, 2 bad input (one line on stderr naming the fix). Contracts: DESIGN §3 and §6.")
+        epilog="Exit codes: 0 ok, 2 bad input (one line on stderr naming the fix). Documented in docs/options.md and docs/merge-rules.md.")
     p.add_argument("flows", nargs="+", metavar="FLOWS",
                    help="flow files (*.msgpack, *.msgpack.open), directories holding them, or globs; required")
     p.add_argument("-o", "--out", required=True, metavar="OUT",

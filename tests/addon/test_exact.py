@@ -249,3 +249,27 @@ def test_7_3_finish_checks_the_echo_and_commit_caches():
     r2 = _record("t3", [1, 2, 9], [5], upstream_request=b"{}")
     mode.finish(turn, r2, [1, 2, 9])
     assert r2["exact"]["fallback_reason"] == "echo_mismatch" and r2["upstream_request"] == b"{}"
+
+
+def test_7_4_a_first_call_is_a_new_conversation_never_an_edit():
+    """A history without an assistant turn has nothing to splice: `new_conversation`, whether or not the session
+    already holds cached turns (a title or router side call, an earlier conversation under the same session id).
+    `no_parent` stays the miss: earlier turns in the history, none cached. `history_edited` needs both."""
+    mode = ex.ExactMode()
+    mode.probes[("http://b/v1", "m", "0.32.0")] = ex.ProbeResult(True, eot=EOT)
+    backend = _Backend(lambda req: httpx.Response(500))  # never asked: no render happens on these paths
+    reply = {"role": "assistant", "content": "abc"}
+    mode.cache.add("s", _turn("t1", [USER], reply, [1, 10, 2], [40, EOT], key=ex.settings_key("m", {})))
+    system = {"role": "system", "content": "Be brief."}
+    other = {"role": "user", "content": "a new task"}
+    for session, messages, reason in [
+        ("s", [other], "new_conversation"),              # the session has turns: this used to read history_edited
+        ("s", [system, other], "new_conversation"),
+        ("fresh", [other], "new_conversation"),          # nothing cached at all
+        ("fresh", [other, reply, USER], "no_parent"),    # earlier turns this process never answered
+        ("s", [other, reply, USER], "history_edited"),   # cached turns, none a prefix
+    ]:
+        shaped = _shaped(messages)
+        t = _run(mode.prepare(backend, INFO, shaped, session))
+        assert (t.meta["path"], t.meta["fallback_reason"], t.parent) == ("normal", reason, None), (session, messages)
+        assert "kv_transfer_params" not in shaped.body

@@ -112,7 +112,7 @@ def test_1_1_second_turn_is_spliced_from_the_sampled_ids(env):
     first, second = gw.records()
     p1, c1 = _prompt(first), rec.unpack_ids(first["completion_token_ids"])
     assert c1 == sampled + [eot]
-    assert first["exact"]["path"] == "normal" and first["exact"]["fallback_reason"] == "no_parent"
+    assert first["exact"]["path"] == "normal" and first["exact"]["fallback_reason"] == "new_conversation"
     ex = second["exact"]
     assert ex["path"] == "exact" and ex["fallback_reason"] is None and ex["parent"] == first["id"]
     canonical = tok.apply_chat_template(msgs)

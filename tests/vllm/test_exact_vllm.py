@@ -53,7 +53,7 @@ def test_1_1_probe_accepts_vllm(setup):
                            http_client=gw.sdk_http_client("probe"))
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert "takes prompt token ids" in gw.log_text()
-    assert gw.records()[-1]["exact"]["fallback_reason"] == "no_parent"
+    assert gw.records()[-1]["exact"]["fallback_reason"] == "new_conversation"
 
 
 def test_1_2_three_turn_session_is_exact_and_merges_without_breaks(setup):
