@@ -9,7 +9,8 @@ import httpx
 import orjson
 
 from .codecs.base import GatewayError
-from .upstream import BackendInfo
+from .shaping import BackendInfo
+from .stream_reader import classify_backend_error
 
 log = logging.getLogger("polar.backend")
 
@@ -33,6 +34,8 @@ class Backend:
             timeout=httpx.Timeout(connect=connect_timeout, read=None, write=60.0, pool=connect_timeout),
             limits=httpx.Limits(max_connections=4096, max_keepalive_connections=512),
         )
+        # The streamed chat call's lean HTTP/1.1 client on plain-http backends (set by the gateway); else httpx.
+        self.stream_client = None
         self._info: BackendInfo | None = None
         self._lock = asyncio.Lock()
 
@@ -88,12 +91,8 @@ class Backend:
         log.info("polar backend: %s %s model=%s max_model_len=%s", kind, version, model, max_len)
         return info
 
-    async def tokenize(self, chat: dict, model: str) -> int:
-        """Prompt length for a chat request, rendered by the backend's own template (vLLM /tokenize)."""
-        body = {"model": model, "messages": chat.get("messages") or [], "add_generation_prompt": True}
-        for key in ("tools", "chat_template_kwargs"):
-            if chat.get(key):
-                body[key] = chat[key]
+    async def _tokenize(self, body: dict) -> dict:
+        # Every /tokenize the gateway asks goes through here (the clamp, count_tokens, exact mode's renders).
         try:
             resp = await self.client.post(f"{self.root_url}/tokenize", content=orjson.dumps(body),
                                           timeout=httpx.Timeout(60.0, connect=self.client.timeout.connect))
@@ -101,8 +100,32 @@ class Backend:
             self.forget()
             raise GatewayError("unavailable", f"backend /tokenize unreachable: {exc!r}") from exc
         if resp.status_code != 200:
-            from .upstream import classify_backend_error
-
             raise classify_backend_error(resp.status_code, resp.content)
-        doc = orjson.loads(resp.content)
+        return orjson.loads(resp.content)
+
+    async def tokenize(self, chat: dict, model: str) -> int:
+        """Prompt length for a chat request, rendered by the backend's own template (vLLM /tokenize)."""
+        doc = await self._tokenize(tokenize_request(model, chat=chat))
         return int(doc.get("count", len(doc.get("tokens") or [])))
+
+    async def render(self, chat: dict, model: str, add_generation_prompt: bool = True) -> list[int]:
+        """The canonical prompt ids of a chat request (identical to the chat call's own render)."""
+        doc = await self._tokenize(tokenize_request(model, chat=chat, add_generation_prompt=add_generation_prompt))
+        return list(doc["tokens"])
+
+    async def tokens(self, text: str, model: str) -> list[int]:
+        """Plain text's ids, without special tokens."""
+        return list((await self._tokenize(tokenize_request(model, text=text)))["tokens"])
+
+
+def tokenize_request(model: str, *, chat: dict | None = None, text: str | None = None,
+                     add_generation_prompt: bool = True) -> dict:
+    """The /tokenize body: a chat request's messages with its tools and template settings, or plain text."""
+    if text is not None:
+        return {"model": model, "prompt": text, "add_special_tokens": False}
+    chat = chat or {}
+    body = {"model": model, "messages": chat.get("messages") or [], "add_generation_prompt": add_generation_prompt}
+    for key in ("tools", "chat_template_kwargs"):
+        if chat.get(key):
+            body[key] = chat[key]
+    return body

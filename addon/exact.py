@@ -58,6 +58,7 @@ import httpx
 import orjson
 
 from . import record as rec
+from .stream_reader import StreamReader
 
 log = logging.getLogger("polar.exact")
 
@@ -273,8 +274,7 @@ class ExactTurn:
     messages: list[MsgKey]
     meta: dict
     parent: CachedTurn | None = None
-    sent: list[int] | None = None
-    record_body: dict | None = None
+    sent: list[int] | None = None  # the spliced prompt ids shaping sends, or None (the normal path)
 
 
 @dataclass
@@ -316,22 +316,21 @@ class ExactMode:
 
     # ------------------------------------------------------------------------------------------ per call
 
-    async def prepare(self, backend, info, shaped, session) -> ExactTurn:
-        """Before the upstream call: find the parent, render, splice; on success put the ids into `shaped.body`.
-        Never raises: every trouble becomes a `fallback_reason` and the normal path."""
+    async def prepare(self, backend, info, body: dict, session) -> ExactTurn:
+        """Before the upstream call, given the shaped chat body: find the parent, render, splice. On success
+        `turn.sent` holds the prompt ids for shaping to send (shaping also clamps max_tokens to them). Never raises:
+        every trouble becomes a `fallback_reason` and the normal path."""
         t0 = time.perf_counter()
         try:
-            turn = await self._prepare(backend, info, shaped, session)
+            turn = await self._prepare(backend, info, body, session)
         except Exception as exc:  # noqa: BLE001 — a bug here must not fail the call
             log.exception("polar_exact: prepare failed")
-            shaped.body.pop("kv_transfer_params", None)
             turn = ExactTurn(session, b"", [], {"parent": None, "path": "normal", "fallback_reason": "internal_error",
                                                 "detail": f"{exc!r}"[:500]})
         turn.meta["prep_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         return turn
 
-    async def _prepare(self, backend, info, shaped, session) -> ExactTurn:
-        body = shaped.body
+    async def _prepare(self, backend, info, body: dict, session) -> ExactTurn:
         messages = body.get("messages") or []
         keys = [MsgKey.of(m) for m in messages if isinstance(m, dict)]
         turn = ExactTurn(session, settings_key(info.model, body), keys,
@@ -362,7 +361,7 @@ class ExactMode:
             meta["fallback_reason"] = MEDIA
             return turn
         try:
-            canonical = await render(backend, info.model, body)
+            canonical = await backend.render(body, info.model)
         except Exception as exc:  # noqa: BLE001
             meta.update(fallback_reason=RENDER, detail=f"{exc!r}"[:500])
             return turn
@@ -375,14 +374,6 @@ class ExactMode:
         if info.max_model_len and len(s.ids) >= info.max_model_len:
             meta["fallback_reason"] = TOO_LONG
             return turn
-        requested = body.get("max_tokens")
-        if requested is not None and info.max_model_len and requested > info.max_model_len - len(s.ids):
-            room = info.max_model_len - len(s.ids)
-            body["max_tokens"] = room
-            shaped.sampling["max_tokens"] = room
-            shaped.normalizations.append(f"max_tokens_clamped:{requested}->{room}")
-        turn.record_body = dict(body, kv_transfer_params={"prompt_token_ids": ELIDED_IDS})
-        body["kv_transfer_params"] = {"prompt_token_ids": s.ids}
         turn.sent = s.ids
         meta["path"] = "exact"
         return turn
@@ -399,7 +390,7 @@ class ExactMode:
         meta = turn.meta
         if turn.sent is not None:
             if prompt is not None and prompt == turn.sent:
-                record["upstream_request"] = orjson.dumps(turn.record_body)
+                record["upstream_request"] = elide_prompt_ids(record["upstream_request"])
             elif prompt is not None:
                 # vLLM used some other prompt: the record keeps the echo (the truth) and the ids we sent.
                 meta.update(path="normal", fallback_reason=ECHO,
@@ -427,6 +418,13 @@ class ExactMode:
                                                 array.array("i", prompt), array.array("i", completion)))
 
 
+def elide_prompt_ids(upstream_request: bytes) -> bytes:
+    """The request as sent, but with the prompt ids replaced by ELIDED_IDS (they equal the record's prompt)."""
+    body = orjson.loads(upstream_request)
+    body["kv_transfer_params"] = dict(body.get("kv_transfer_params") or {}, prompt_token_ids=ELIDED_IDS)
+    return orjson.dumps(body)
+
+
 def compact(record: dict, prompt: list[int], parent: CachedTurn) -> None:
     """Store the prompt as `prompt_ref` {id, len} + `prompt_tail_ids` when it starts with the parent's prompt."""
     n_prompt = len(parent.prompt)
@@ -443,31 +441,6 @@ def compact(record: dict, prompt: list[int], parent: CachedTurn) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- backend calls
-
-async def _post(backend, path: str, body: dict, root: bool = True) -> httpx.Response:
-    url = (backend.root_url if root else backend.base_url) + path
-    return await backend.client.post(url, content=orjson.dumps(body),
-                                     timeout=httpx.Timeout(60.0, connect=backend.client.timeout.connect))
-
-
-async def render(backend, model: str, body: dict, add_generation_prompt: bool = True) -> list[int]:
-    """The canonical prompt of a chat body (vLLM /tokenize: identical to the chat call's own render)."""
-    req = {"model": model, "messages": body.get("messages") or [], "add_generation_prompt": add_generation_prompt}
-    for key in ("tools", "chat_template_kwargs"):
-        if body.get(key):
-            req[key] = body[key]
-    resp = await _post(backend, "/tokenize", req)
-    if resp.status_code != 200:
-        raise RuntimeError(f"/tokenize answered {resp.status_code}: {resp.content[:300]!r}")
-    return list(orjson.loads(resp.content)["tokens"])
-
-
-async def _tokens(backend, model: str, text: str) -> list[int]:
-    resp = await _post(backend, "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
-    if resp.status_code != 200:
-        raise RuntimeError(f"/tokenize answered {resp.status_code}: {resp.content[:300]!r}")
-    return list(orjson.loads(resp.content)["tokens"])
-
 
 def _find(hay: list[int], needle: list[int]) -> int:
     for i in range(len(hay) - len(needle) + 1):
@@ -500,12 +473,12 @@ async def _run_probe(backend, info) -> ProbeResult:
             return await coro
 
     one, three, canonical, word, *chars = await asyncio.gather(*map(limited, (
-        render(backend, model, {"messages": [user]}, add_generation_prompt=False),
-        render(backend, model, {"messages": [user, {"role": "assistant", "content": PROBE_TEXT}, user]},
-               add_generation_prompt=False),
-        render(backend, model, {"messages": [user]}),
-        _tokens(backend, model, PROBE_TEXT),
-        *(_tokens(backend, model, ch) for ch in PROBE_TEXT))))
+        backend.render({"messages": [user]}, model, add_generation_prompt=False),
+        backend.render({"messages": [user, {"role": "assistant", "content": PROBE_TEXT}, user]}, model,
+                       add_generation_prompt=False),
+        backend.render({"messages": [user]}, model),
+        backend.tokens(PROBE_TEXT, model),
+        *(backend.tokens(ch, model) for ch in PROBE_TEXT))))
     eot = end_of_turn(one, three, word)
     if eot is None:
         return ProbeResult(False, message="the chat template has no end-of-turn token the probe could identify "
@@ -518,7 +491,7 @@ async def _run_probe(backend, info) -> ProbeResult:
     body = {"model": model, "messages": [user], "stream": True, "stream_options": {"include_usage": True},
             "max_tokens": 1, "logprobs": True, "top_logprobs": 0, "return_token_ids": True, "temperature": 1.0,
             "kv_transfer_params": {"prompt_token_ids": ids}}
-    echoed = None
+    reader = StreamReader(keep_logprob_entries=False)
     async with backend.client.stream("POST", backend.base_url + "/chat/completions", content=orjson.dumps(body),
                                      timeout=httpx.Timeout(120.0, connect=backend.client.timeout.connect)) as resp:
         if resp.status_code != 200:
@@ -527,11 +500,9 @@ async def _run_probe(backend, info) -> ProbeResult:
                 raise RuntimeError(f"probe call answered {resp.status_code}: {text!r}")
             return ProbeResult(False, message=f"the backend rejected kv_transfer_params.prompt_token_ids "
                                               f"({resp.status_code}: {text!r})")
-        async for line in resp.aiter_lines():
-            if line.startswith("data:") and line[5:].strip() not in ("", "[DONE]"):
-                chunk = orjson.loads(line[5:].strip())
-                if chunk.get("prompt_token_ids") is not None:
-                    echoed = list(chunk["prompt_token_ids"])
+        async for data in resp.aiter_raw():
+            reader.feed(data)
+    echoed = reader.prompt_token_ids
     if echoed != ids:
         got = "no prompt ids" if echoed is None else f"{len(echoed)} ids" + (
             " (its own render)" if echoed == canonical else "")

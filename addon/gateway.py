@@ -1,8 +1,13 @@
-"""PolarGateway — the mitmproxy addon: decrypt provider hosts only, reroute their flows to the gateway endpoint.
+"""PolarGateway — the mitmproxy addon: decrypt provider hosts only, answer their calls from the gateway endpoint.
 
-Hooks, in the order a flow meets them: tls_clienthello (decrypt providers only), http_connect (proxy credentials →
-session), request (reroute a provider flow to our endpoint; never let it reach the real host), responseheaders
-(relay our bytes as they come). The endpoint answers each call through `call.handle_call`.
+Hooks, in the order a connection meets them: http_connect (proxy credentials → session), next_layer (divert a
+provider tunnel below mitmproxy's HTTP layer: mitmproxy terminates TLS and relays the decrypted bytes to our endpoint
+on 127.0.0.1, which parses the agent's HTTP itself — no HTTP flow, no per-call hooks), tls_clienthello (decrypt
+providers only), server_connected (tell the endpoint which agent connection each hop carries).
+Fallback for what is not diverted (polar_divert=false, plain-http proxy requests, other proxy modes, a failing-closed
+gateway, an endpoint not started yet): request (reroute a provider flow to our endpoint, or answer 503; never let
+it reach the real host) and responseheaders (relay our bytes as they come). Either way the endpoint answers each
+call through `call.handle_call`.
 """
 
 from __future__ import annotations
@@ -13,30 +18,37 @@ import os
 import time
 
 import orjson
-from mitmproxy import ctx, http, tls
+from mitmproxy import connection, ctx, http, tls
+from mitmproxy.net import encoding
+from mitmproxy.net.http import url
+from mitmproxy.net.tls import starts_like_tls_record
+from mitmproxy.proxy import layer
+from mitmproxy.proxy.layers import ClientTLSLayer, HttpLayer, TCPLayer, modes
+from mitmproxy.proxy.layers.http import HttpStream
+from mitmproxy.proxy.layers.tls import parse_client_hello
 
 from . import hosts as hostlist
 from . import sessions
 from .backend import Backend
 from .call import CallSettings, PendingCall, handle_call, strip_key_param
-from .endpoint import Endpoint, Responder
+from .endpoint import Endpoint, Handoff, Request, Responder
 from .exact import ExactMode, TurnCache
 from .record import FlowWriter, uuid7
 from .options import BY_NAME, OPTIONS, GatewayOptions, OptionError, parse_options, take_unparseable
 from .provider_errors import unavailable
 from .confdir import secure_confdir
-from .upstream import StreamClient
+from .http_client import StreamClient
 
 log = logging.getLogger("polar.gateway")
 
 
 async def _close_backend(backend: Backend) -> None:
-    stream_client = getattr(backend, "stream_client", None)
-    if stream_client is not None:
-        await stream_client.aclose()
+    if backend.stream_client is not None:
+        await backend.stream_client.aclose()
     await backend.close()
 
 READY_HOST = "polar.gateway"  # `curl -x <proxy> http://polar.gateway/ready` — the readiness probe of scripts/proxy
+ENDPOINT_HOST = "127.0.0.1"
 
 
 class PolarGateway:
@@ -44,7 +56,10 @@ class PolarGateway:
         self.hosts = hostlist.parse_hosts(hostlist.DEFAULT_HOSTS)
         self.conn_users: dict[str, str | None] = {}
         self.pending: dict[str, PendingCall] = {}
-        self.endpoint = Endpoint(self._serve)
+        # Diverted tunnels by agent connection id: (id of the hop's server connection, CONNECT host, port).
+        self.tunnels: dict[str, tuple[str, str, int]] = {}
+        self.served = {"diverted": 0, "rerouted": 0}  # calls per path (the readiness answer shows them)
+        self.endpoint = Endpoint(self._serve, body_cap=self._body_cap)
         self.writer: FlowWriter | None = None
         self.backend: Backend | None = None
         self.settings: CallSettings | None = None
@@ -193,6 +208,66 @@ class PolarGateway:
 
     def client_disconnected(self, client) -> None:
         self.conn_users.pop(client.id, None)
+        self.tunnels.pop(client.id, None)
+
+    def next_layer(self, nextlayer: layer.NextLayer) -> None:
+        # Runs before mitmproxy's own NextLayer addon (mitmdump loads -s scripts first; polar-fast adds us first),
+        # which leaves a layer set here alone. Not diverted: the built-in stack and the request-hook fallback.
+        if nextlayer.layer is not None:
+            return
+        try:
+            self._divert(nextlayer)
+        except Exception:  # noqa: BLE001 — not diverted is safe: the HTTP path answers (or fails closed)
+            log.exception("polar: could not divert a provider tunnel; serving it through the HTTP path")
+
+    def _divert(self, nextlayer: layer.NextLayer) -> None:
+        o, port = self.options, self.endpoint.port
+        if o is None or not o.divert or self.failure is not None or port is None:
+            return  # off, failing closed (the request hook answers 503) or no endpoint yet
+        c = nextlayer.context
+        # Only the content of a regular-mode CONNECT tunnel: [HttpProxy, HttpLayer, HttpStream(CONNECT)].
+        if not (len(c.layers) == 3 and isinstance(c.layers[0], modes.HttpProxy) and isinstance(c.layers[1], HttpLayer)
+                and isinstance(c.layers[2], HttpStream)) or c.client.transport_protocol != "tcp":
+            return
+        host, tport = c.server.address or (None, None)
+        data = nextlayer.data_client()
+        if not host or not starts_like_tls_record(data):
+            return
+        # Exactly tls_clienthello's rule (the CONNECT authority, or the SNI on the CONNECT port); a ClientHello not
+        # complete yet leaves an SNI-only match to the HTTP path, which decrypts it as before.
+        if not hostlist.is_provider(self.hosts, host, tport):
+            try:
+                hello = parse_client_hello(data)
+            except ValueError:
+                return
+            if hello is None or not hostlist.is_provider(self.hosts, hello.sni, tport):
+                return
+        c.client.alpn = b"http/1.1"  # the endpoint speaks HTTP/1.1 only, whatever `http2` says
+        tls_layer = ClientTLSLayer(c)  # our CA's certificate for the CONNECT host / SNI; the tls_* hooks still run
+        # The relay gets a server connection of its own, to the endpoint: the tunnel's server (the provider) is
+        # never connected, and the certificate still names the CONNECT host.
+        hop = c.fork()
+        hop.server = connection.Server(address=(ENDPOINT_HOST, port))
+        tls_layer.child_layer = TCPLayer(hop, ignore=True)  # no TCP flow, no tcp_* hooks
+        self.tunnels[c.client.id] = (hop.server.id, host.lower().rstrip("."), tport)
+        nextlayer.layer = tls_layer
+
+    def server_connected(self, data) -> None:
+        # Before mitmproxy relays a byte over a hop to the endpoint (it awaits this hook), say whose it is.
+        server, port = data.server, self.endpoint.port
+        if port is None or server.sockname is None or tuple(server.address or ())[:2] != (ENDPOINT_HOST, port):
+            return
+        tunnel = self.tunnels.get(data.client.id)
+        conn_user = self.conn_users.get(data.client.id)
+        if tunnel is not None and tunnel[0] == server.id:
+            handoff = Handoff(conn_id=data.client.id, conn_user=conn_user, host=tunnel[1], port=tunnel[2])
+        else:
+            handoff = Handoff(conn_id=data.client.id, conn_user=conn_user)  # a rerouted flow's hop (token calls)
+        self.endpoint.hand(server.sockname, handoff)
+
+    def server_disconnected(self, data) -> None:
+        if data.server.sockname is not None and self.endpoint.port is not None:
+            self.endpoint.release(data.server.sockname)
 
     # ------------------------------------------------------------------------------------------------ flows
 
@@ -265,6 +340,7 @@ class PolarGateway:
                       "flows": os.path.abspath(ctx.options.polar_flows), "pid": os.getpid()}
         if self.failure is not None:
             info.update(error=f"polar gateway: {self.failure}", fail_closed=True)
+        info["served"] = dict(self.served)
         flow.response = http.Response.make(200 if ready else 503, orjson.dumps(info),
                                            {"content-type": "application/json"})
 
@@ -280,11 +356,77 @@ class PolarGateway:
 
     # ------------------------------------------------------------------------------------------------ endpoint
 
-    async def _serve(self, method: str, target: str, headers, body: bytes, responder: Responder) -> None:
-        flow_id = target.rpartition("/")[2]
+    def _body_cap(self) -> int | None:
+        return self.settings.max_body_bytes if self.settings is not None else None
+
+    async def _serve(self, request: Request, responder: Responder) -> None:
+        if request.handoff.diverted:
+            await self._serve_diverted(request, responder)
+            return
+        flow_id = request.target.rpartition("/")[2]  # a rerouted flow: the call travels as a token
         pending = self.pending.pop(flow_id, None)
         if pending is None or self.settings is None or self.backend is None or self.writer is None:
             await responder.respond(404, [("content-type", "application/json")],
                                     b'{"error":{"message":"unknown polar call","type":"not_found"}}')
             return
+        self.served["rerouted"] += 1
         await handle_call(pending, responder, self.settings, self.backend, self.writer)
+
+    async def _serve_diverted(self, request: Request, responder: Responder) -> None:
+        """The agent's own request from a diverted tunnel: the PendingCall the request hook would have built."""
+        h = request.handoff
+        try:
+            pending = self._pending_from(request)
+        except Exception as exc:  # noqa: BLE001 — like a raising request hook: answered 503, never forwarded
+            log.exception("polar: failed to serve %s %s on %s", request.method, request.target[:200], h.host)
+            await self._answer_unavailable(responder, h.host, request.target, f"gateway error: {exc}")
+            return
+        if self.failure is not None:  # options went bad after the tunnel was diverted
+            await self._answer_unavailable(responder, pending.host, pending.path,
+                                           f"polar gateway is misconfigured ({self.failure}); see the proxy log")
+            return
+        if self.settings is None or self.backend is None or self.writer is None:
+            await self._answer_unavailable(responder, pending.host, pending.path, "polar gateway is not configured")
+            return
+        self.served["diverted"] += 1
+        await handle_call(pending, responder, self.settings, self.backend, self.writer)
+
+    @staticmethod
+    async def _answer_unavailable(responder: Responder, host: str | None, path: str, message: str) -> None:
+        status, content_type, body = unavailable(hostlist.protocol_for(host, path), message)
+        await responder.respond(status, [("content-type", content_type)], body)
+
+    def _pending_from(self, request: Request) -> PendingCall:
+        """What `_reroute` takes from mitmproxy's parsed request, taken from the raw one: headers as sent (minus an
+        `Expect: 100-continue` the endpoint answered, as mitmproxy drops it), host from the Host header (else the
+        CONNECT host) and the CONNECT port, path without `key=`, body decoded per Content-Encoding."""
+        h = request.handoff
+        headers = [(k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
+                   for k, v in request.headers]
+        headers = [(k, v) for k, v in headers if not (k.lower() == "expect" and v.lower() == "100-continue")]
+        host_header = next((v for k, v in headers if k.lower() == "host"), None)
+        host = url.parse_authority(host_header, check=False)[0] if host_header else h.host
+        raw_path = request.target
+        if not raw_path.startswith("/") and "://" in raw_path:  # absolute-form inside the tunnel
+            rest = raw_path.split("://", 1)[1]
+            raw_path = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
+        path, _ = strip_key_param(raw_path)
+        conn_user = h.conn_user
+        if conn_user is None:
+            conn_user = sessions.proxy_user(next((v for k, v in headers if k.lower() == "proxy-authorization"), None))
+        encodings = [v for k, v in headers if k.lower() == "content-encoding"]
+        content_encoding = ", ".join(encodings) if encodings else None
+        pending = PendingCall(
+            record_id=uuid7(), conn_id=h.conn_id, host=host.lower(), port=h.port, method=request.method,
+            path=path, raw_path=raw_path, headers=headers, body=request.body, content_encoding=content_encoding,
+            conn_user=conn_user, t_start=time.time(),
+        )
+        if content_encoding and not request.too_large:  # too large: refused on its size before any decoding
+            try:
+                decoded = encoding.decode(request.body, content_encoding)
+                if isinstance(decoded, str):
+                    raise ValueError(f"Invalid Content-Encoding: {content_encoding}")
+                pending.body = decoded or b""
+            except ValueError:
+                pending.decode_error = f"cannot decode content-encoding {content_encoding!r}"
+        return pending

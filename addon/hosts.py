@@ -25,11 +25,17 @@ HOST_PROTOCOLS = {
 RESPONSES_PATH_PREFIX = "/v1/responses"
 
 
+def host_name(host: str | None) -> str:
+    """The bare host name of a Host value: stripped, lower case, any port and a trailing dot dropped (a bracketed
+    IPv6 literal is kept whole). The one rule for routing by host name: protocol_for below and every codec's route."""
+    name = (host or "").strip().lower()
+    return name if name.startswith("[") else name.split(":", 1)[0].rstrip(".")
+
+
 def protocol_for(host: str | None, path: str | None) -> str | None:
     """The protocol a request to a provider host speaks, from the exact host name (any port) and, on api.openai.com,
     the path; None for a host no codec serves (a host added through polar_hosts that is not a known provider)."""
-    name = (host or "").strip().lower()
-    name = name if name.startswith("[") else name.split(":", 1)[0].rstrip(".")
+    name = host_name(host)
     bare = (path or "/").split("?", 1)[0]
     if name == "api.openai.com" and (bare == RESPONSES_PATH_PREFIX or bare.startswith(RESPONSES_PATH_PREFIX + "/")):
         return "openai_responses"

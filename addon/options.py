@@ -61,6 +61,7 @@ class GatewayOptions:
     sampling_override: dict
     exact: bool
     exact_cache_bytes: int
+    divert: bool
 
 
 # Numbers are str options: mitmproxy's --set cannot parse float options (NotImplementedError at startup).
@@ -100,6 +101,10 @@ OPTIONS: tuple[Option, ...] = (
            'true or false (or the value omitted, meaning true)'),
     Option("polar_exact_cache_mb", str, "512", "Exact mode: memory bound of the per-session turn cache, MB.",
            "a positive number of MB"),
+    Option("polar_divert", bool, True,
+           "Serve provider tunnels below mitmproxy's HTTP layer: mitmproxy only does TLS and relays the decrypted "
+           "bytes to the gateway's endpoint (false: the request-hook reroute, two HTTP exchanges per call).",
+           'true or false (or the value omitted, meaning true)'),
 )
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
@@ -192,6 +197,8 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
     if not isinstance(v["polar_exact"], bool):
         raise OptionError("polar_exact", BY_NAME["polar_exact"].expects, v["polar_exact"])
     cache_mb = _number("polar_exact_cache_mb", v["polar_exact_cache_mb"])
+    if not isinstance(v["polar_divert"], bool):
+        raise OptionError("polar_divert", BY_NAME["polar_divert"].expects, v["polar_divert"])
     return GatewayOptions(
         upstream=upstream, flows=flows, model=model, hosts=hosts, backend=backend, upstream_api_key=api_key,
         connect_timeout=numbers["polar_connect_timeout"], first_byte_timeout=numbers["polar_first_byte_timeout"],
@@ -199,7 +206,7 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
         max_body_bytes=int(numbers["polar_max_body_mb"] * 1024 * 1024),
         rotate_mb=numbers["polar_rotate_mb"], min_free_mb=numbers["polar_min_free_mb"],
         logprobs_mode=logprobs_mode, thinking_kwarg=thinking_kwarg, sampling_override=override,
-        exact=v["polar_exact"], exact_cache_bytes=int(cache_mb * 1024 * 1024),
+        exact=v["polar_exact"], exact_cache_bytes=int(cache_mb * 1024 * 1024), divert=v["polar_divert"],
     )
 
 

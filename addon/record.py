@@ -50,6 +50,8 @@ FIELDS = (
     "sampling", "backend", "weight_versions", "normalizations", "error",
     # exact mode (polar_exact): its per-call report, and the compact prompt form (PromptResolver rebuilds it)
     "exact", "prompt_ref", "prompt_tail_ids",
+    # DESIGN §5: tool_choice required/named or a JSON-schema response format (`is_constrained`); nil in older records
+    "constrained",
 )
 
 # Headers whose values never reach disk or the backend.
@@ -87,6 +89,19 @@ def version_problem(v: object) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------------- ids and arrays
+
+def is_constrained(chat_request: dict) -> bool:
+    """Whether a chat request constrains decoding: `tool_choice` required or naming a function, or a JSON-schema
+    response format (a plain `json_object` only asks for JSON). The one rule: the gateway fills the record's
+    `constrained` with it, and readers apply it to the `upstream_request` of older records that lack the field."""
+    if not isinstance(chat_request, dict):
+        return False
+    choice = chat_request.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return True
+    fmt = chat_request.get("response_format")
+    return isinstance(fmt, dict) and fmt.get("type") == "json_schema"
+
 
 def uuid7() -> str:
     """A UUIDv7 string: time-ordered, so record ids sort like their start times."""
@@ -142,6 +157,37 @@ def redact_headers(headers: Iterable[tuple[str, str]]) -> list[list[str]]:
 
 
 # ---------------------------------------------------------------------------------------------------- pack / unpack
+
+def new_record(**values) -> dict:
+    """A record with every field of FIELDS (None unless given, `normalizations` an empty list); ValueError on a name
+    that is not a field."""
+    unknown = set(values) - set(FIELDS)
+    if unknown:
+        raise ValueError(f"not record fields: {sorted(unknown)}")
+    record = dict.fromkeys(FIELDS)
+    record.update(v=VERSION, normalizations=[])
+    record.update(values)
+    return record
+
+
+def validate(record: dict) -> None:
+    """The invariants a writer keeps; ValueError names the first one broken: only known fields; token arrays are
+    int32/float32 blobs; one logprob per sampled token (`completion_logprobs` is nil or exactly as long as
+    `completion_token_ids`); an error's stage is one of ERROR_STAGES."""
+    unknown = set(record) - set(FIELDS)
+    if unknown:
+        raise ValueError(f"not record fields: {sorted(unknown)}")
+    for name in ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "prompt_tail_ids"):
+        blob = record.get(name)
+        if blob is not None and (not isinstance(blob, (bytes, bytearray)) or len(blob) % 4):
+            raise ValueError(f"{name} must be a blob of 4-byte values")
+    logprobs, completion = record.get("completion_logprobs"), record.get("completion_token_ids")
+    if logprobs is not None and (completion is None or len(logprobs) != len(completion)):
+        raise ValueError("completion_logprobs must hold one logprob per completion token")
+    error = record.get("error")
+    if error is not None and error.get("stage") not in ERROR_STAGES:
+        raise ValueError(f"error stage {error.get('stage')!r} is not one of {ERROR_STAGES}")
+
 
 def pack(record: dict) -> bytes:
     return msgpack.packb(record, use_bin_type=True)

@@ -2,7 +2,7 @@
 
 - Index: one task per flow file (`load.scan_file`); the driver joins the answers in file order, so the index is the
   local engine's.
-- Merge: sessions are partitioned by `pipeline.partition_of` (a stable hash); each partition is one streaming task
+- Merge: sessions are partitioned by `engine.partition_of` (a stable hash); each partition is one streaming task
   that loads its sessions' records with positioned reads (a session's records may sit in files written by several
   proxies) and yields one `GroupProducts` per session, in the driver's order. The driver takes them in its global
   (group, session) order and writes exactly what the local engine writes, so the outputs are byte-for-byte equal.
@@ -19,8 +19,8 @@ from collections.abc import Callable, Iterator
 
 import ray
 
-from polar.processor.load import Index, RecordSource, scan_file
-from polar.processor.pipeline import GroupProducts, Settings, Work, group_products, partition_of
+from polar.processor.engine import GroupProducts, Settings, Work, group_products, partition_of
+from polar.processor.load import Index, InputError, RecordSource, scan_file
 
 
 def _peak_rss() -> int:
@@ -59,6 +59,8 @@ def _get(ref):
 
 
 class RayEngine:
+    """The `engine.Engine` seam on Ray: the index pass one task per file, the merge one streaming task per partition."""
+
     name = "ray"
 
     def __init__(self, address: str | None = None, partitions: int | None = None):
@@ -79,7 +81,6 @@ class RayEngine:
         try:
             sizes = {i: os.path.getsize(p) for i, p in enumerate(files)}
         except FileNotFoundError as exc:
-            from polar.processor.load import InputError
             raise InputError(str(exc)) from exc
         fref = ray.put(files)
         refs = [_scan.remote(fref, i) for i in range(len(files))]

@@ -1,4 +1,9 @@
-"""`--incremental`: the manifest a run leaves in OUT, and what the next run carries over (DESIGN §3).
+"""The run's plan — which files are read, which groups rebuilt — and `--incremental`: the manifest a run leaves in
+OUT, and what the next run carries over (DESIGN §3).
+
+A full run's plan is simple: every file named is read and every group rebuilt (`full_plan`). An incremental run's
+(`incremental_plan`) is the rest of this docstring; `Plan.products` gives the driver every group's products in its
+order either way, so the driver (pipeline.process) is one sequence for both.
 
 Every run (incremental or not) writes OUT/manifest.json (the closed flow files it read, with sizes and record
 counts; the options that decide a merge; the end-of-turn ids it used; sessions left pending) and OUT/state/
@@ -22,6 +27,7 @@ Memory: the carried-over rows are read from OUT's previous calls/sequences files
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,8 +35,11 @@ import orjson
 import polars as pl
 
 from polar.addon import record as rec
+from polar.processor import rewards as rw
+from polar.processor.engine import Engine, GroupProducts, Settings
 from polar.processor.load import Index, IndexEntry, InputError
-from polar.processor.merge import Sequence_
+from polar.processor.merge import TrainingSequence
+from polar.processor.report import ReportPartial
 from polar.processor.writers import OutputError
 
 MANIFEST = "manifest.json"
@@ -98,6 +107,14 @@ def check_options(prior: Prior, opts) -> None:
                           f"({'; '.join(diffs)}); rerun with --overwrite")
 
 
+def previous_run(opts) -> Prior | None:
+    """The run `--incremental` continues (None: OUT is absent or empty), its options checked against these."""
+    prior = load(opts.out)
+    if prior is not None:
+        check_options(prior, opts)
+    return prior
+
+
 def _read_index(prior: Prior) -> tuple[list[str], list[IndexEntry]]:
     """The previous runs' index: file paths and entries (file = position in the returned paths)."""
     path = os.path.join(prior.out, STATE, "index.parquet")
@@ -116,22 +133,31 @@ def _read_index(prior: Prior) -> tuple[list[str], list[IndexEntry]]:
 
 @dataclass
 class Plan:
-    """One incremental run: the combined index (files the manifest lists + new closed files) and what to rebuild."""
+    """What one run reads and rebuilds. A full run (`full_plan`) reads every file named and rebuilds every group. An
+    incremental run (`incremental_plan`) reads the closed files the manifest does not list, joined to the manifest's
+    index, and rebuilds only the groups those files (or pending sessions) touch; `products` carries the rest over."""
 
-    prior: Prior | None
     index: Index
-    new_files: list[str]
-    open_files: list[str]
-    reason: str | None = None  # why every group is rebuilt, when it is
-    _new_nos: set[int] = field(default_factory=set)
+    incremental: bool = False
+    prior: Prior | None = None
+    new_files: list[str] = field(default_factory=list)
+    open_files: list[str] = field(default_factory=list)
+    _new_nos: set[int] = field(default_factory=set)  # the new files' positions in index.files
+
+    def full_rebuild_reason(self, eot) -> str | None:
+        """Why an incremental run rebuilds every group, when it does."""
+        if self.prior is None:
+            return "no previous run in OUT"
+        if self.prior.doc.get("eot_ids") != eot_ids(eot):
+            return "the end-of-turn ids changed"
+        return None
 
     def rebuild(self, groups: dict, eot) -> set:
-        """Groups rebuilt whole: any record in a new file, or pending; all when nothing can be carried."""
-        if self.prior is None:
-            self.reason = "no previous run in OUT"
-        elif self.prior.doc.get("eot_ids") != eot_ids(eot):
-            self.reason = "the end-of-turn ids changed"
-        if self.reason:
+        """Groups rebuilt whole: every group in a full run; in an incremental one, those with any record in a new
+        file, or pending, or all when nothing can be carried."""
+        if not self.incremental:
+            return set(groups)
+        if self.full_rebuild_reason(eot):
             out = set(groups)
         else:
             pending = set(self.prior.doc.get("pending_sessions", []))
@@ -146,19 +172,80 @@ class Plan:
                              "--overwrite on the files there are")
         return out
 
-    def carrier(self, out: str, sessions: list) -> Carrier | None:
-        return Carrier(out, sessions) if sessions else None
+    def products(self, order: list, groups: dict, rebuild: set, engine: Engine,
+                 settings: Settings) -> Iterator[GroupProducts]:
+        """Every group's products in `order`: rebuilt groups from the engine; the others carried over from OUT, with
+        rewards and advantages applied anew (the rewards file and every group's statistics may have changed)."""
+        fresh = engine.groups([(s, groups[s]) for s in order if s in rebuild], self.index.files, settings)
+        carried = [s for s in order if s not in rebuild]
+        carrier = Carrier(self.prior.out, carried) if carried else None
+        try:
+            for session in order:
+                if session in rebuild:
+                    prod = next(fresh)
+                    assert prod.session == session, "engine answered out of order"
+                else:
+                    prod = carrier.get(session)
+                    for seq in prod.sequences:
+                        rw.apply(seq, settings.rewards, settings.side_chains)
+                yield prod
+            # Run the engine's iterator to its end (it collects its workers' facts there); it has nothing left.
+            if next(fresh, None) is not None:
+                raise AssertionError("engine answered more groups than asked")
+        finally:
+            if carrier is not None:
+                carrier.close()
 
-    def describe(self, rebuild: set, n_groups: int) -> dict:
+    def describe(self, rebuild: set, n_groups: int, eot) -> dict | None:
+        """report.json's `incremental` (None for a full run)."""
+        if not self.incremental:
+            return None
         return {"new_files": len(self.new_files), "open_files_skipped": len(self.open_files),
                 "groups_rebuilt": len(rebuild), "groups_carried": n_groups - len(rebuild),
-                "full_rebuild_reason": self.reason}
+                "full_rebuild_reason": self.full_rebuild_reason(eot)}
+
+    @property
+    def known_files(self) -> dict[str, dict] | None:
+        """The previous manifest's files by key: the sizes of files that are gone since."""
+        return self.prior.files if self.prior is not None else None
 
 
-def plan(prior: Prior | None, files: list[str], engine, progress) -> Plan:
-    """Index the closed files the manifest does not list and join them to the manifest's index."""
+def full_plan(files: list[str], engine: Engine, progress) -> Plan:
+    """Every file named is read (`.open` files too, as in progress) and every group rebuilt."""
+    return Plan(engine.index(files, progress))
+
+
+def incremental_plan(prior: Prior | None, files: list[str], engine: Engine, progress) -> Plan:
+    """Index the closed files the manifest does not list and join them to the manifest's index. `.open` files wait
+    until their writer closes them."""
     closed = [f for f in files if not f.endswith(rec.OPEN_SUFFIX)]
     open_files = [f for f in files if f.endswith(rec.OPEN_SUFFIX)]
+    new = _new_files(prior, closed)
+    fresh = engine.index(new, progress)
+    old_paths, old_entries = _read_index(prior) if prior is not None else ([], [])
+    prior_files = prior.doc["files"] if prior is not None else []
+    for f in prior_files:
+        if f["path"] not in old_paths:
+            old_paths.append(f["path"])  # a file without records
+    paths = sorted({*old_paths, *fresh.files}, key=lambda p: (os.path.basename(p), p))
+    no = {p: i for i, p in enumerate(paths)}
+    entries = [_refile(e, no[old_paths[e.file]]) for e in old_entries]
+    entries += [_refile(e, no[fresh.files[e.file]]) for e in fresh.entries]
+    entries.sort(key=lambda e: (e.file, e.offset))
+    scans = list(fresh.scans)
+    for f in prior_files:
+        tail = f.get("torn_tail")
+        scans.append(rec.FileScan(f["path"], records=f["records"], torn_tail=rec.TornTail(
+            f["path"], tail["offset"], tail["bytes"], False) if tail else None))
+    scans.sort(key=lambda s: no.get(s.path, -1))
+    scans += [rec.FileScan(p, is_open=True) for p in open_files]
+    total = fresh.total_bytes + sum(f["size"] for f in prior_files)
+    index = Index(files=paths, entries=entries, scans=scans, total_bytes=total)
+    return Plan(index, True, prior, new, open_files, _new_nos={no[p] for p in fresh.files})
+
+
+def _new_files(prior: Prior | None, closed: list[str]) -> list[str]:
+    """The closed files the manifest does not list; a listed file that changed size is an error."""
     known = prior.files if prior is not None else {}
     new = []
     for f in closed:
@@ -168,26 +255,7 @@ def plan(prior: Prior | None, files: list[str], engine, progress) -> Plan:
         elif os.path.getsize(f) != old["size"]:
             raise InputError(f"{f}: {old['size']} bytes when last processed, {os.path.getsize(f)} now; a closed flow "
                              "file never changes — rerun with --overwrite")
-    fresh = engine.index(new, progress)
-    old_paths, old_entries = _read_index(prior) if prior is not None else ([], [])
-    for f in prior.doc["files"] if prior is not None else []:
-        if f["path"] not in old_paths:
-            old_paths.append(f["path"])  # a file without records
-    paths = sorted({*old_paths, *fresh.files}, key=lambda p: (os.path.basename(p), p))
-    no = {p: i for i, p in enumerate(paths)}
-    entries = [_refile(e, no[old_paths[e.file]]) for e in old_entries]
-    entries += [_refile(e, no[fresh.files[e.file]]) for e in fresh.entries]
-    entries.sort(key=lambda e: (e.file, e.offset))
-    scans = list(fresh.scans)
-    for f in prior.doc["files"] if prior is not None else []:
-        tail = f.get("torn_tail")
-        scans.append(rec.FileScan(f["path"], records=f["records"], torn_tail=rec.TornTail(
-            f["path"], tail["offset"], tail["bytes"], False) if tail else None))
-    scans.sort(key=lambda s: no.get(s.path, -1))
-    scans += [rec.FileScan(p, is_open=True) for p in open_files]
-    total = fresh.total_bytes + sum(f["size"] for f in (prior.doc["files"] if prior is not None else []))
-    index = Index(files=paths, entries=entries, scans=scans, total_bytes=total)
-    return Plan(prior, index, new, open_files, _new_nos={no[p] for p in fresh.files})
+    return new
 
 
 def _refile(e: IndexEntry, file_no: int) -> IndexEntry:
@@ -212,14 +280,14 @@ def _arrays(s: pl.Series, dtype) -> list[np.ndarray | None]:
     return out
 
 
-def sequences_from_frame(df: pl.DataFrame) -> list[Sequence_]:
-    """Rows of sequences.parquet back into Sequence_ objects (t_first is not stored: only the merge sorts by it)."""
+def sequences_from_frame(df: pl.DataFrame) -> list[TrainingSequence]:
+    """Rows of sequences.parquet back into TrainingSequences (t_first is not stored: only the merge sorts by it)."""
     ids = _arrays(df["input_ids"], np.int32)
     mask = _arrays(df["loss_mask"], np.uint8)
     lps = _arrays(df["logprobs"], np.float32)
     out = []
     for i, r in enumerate(df.drop("input_ids", "loss_mask", "logprobs").iter_rows(named=True)):
-        out.append(Sequence_(
+        out.append(TrainingSequence(
             sequence_id=r["sequence_id"], chain_id=r["chain_id"], session=r["session"], mode=r["mode"],
             input_ids=ids[i], loss_mask=mask[i], logprobs=lps[i], call_ids=r["call_ids"], prompt_len=r["prompt_len"],
             flags=r["flags"], break_cause=r["break_cause"], model=r["model"], t_first=float("nan"),
@@ -231,9 +299,6 @@ class Carrier:
     """Products of sessions carried over from OUT's previous outputs, by session."""
 
     def __init__(self, out: str, sessions: list):
-        from polar.processor.pipeline import GroupProducts  # the products type lives with the engines
-
-        self._products = GroupProducts
         want = set(sessions)
         self.groups: dict = {}
         path = os.path.join(out, STATE, "groups.jsonl")
@@ -255,16 +320,16 @@ class Carrier:
     def _split(df: pl.DataFrame) -> dict:
         return {k[0]: v for k, v in df.partition_by("session", as_dict=True, maintain_order=True).items()}
 
-    def get(self, session):
+    def get(self, session) -> GroupProducts:
         g = self.groups.pop(session, None)
         if g is None:
             raise OutputError(f"--incremental: {session!r} is not in OUT's state; rerun with --overwrite")
         seqs = self.seqs.pop(session, None)
         calls = self.calls.pop(session, None)
-        return self._products(
+        return GroupProducts(
             session, calls.to_dicts() if calls is not None else [],
             sequences_from_frame(seqs) if seqs is not None else [],
-            [line.encode() for line in g["sft"]], g["partial"])
+            [line.encode() for line in g["sft"]], ReportPartial.from_json(g["partial"]))
 
     def close(self) -> None:
         self.groups.clear()
@@ -283,10 +348,10 @@ class StateWriter:
         self.fh = open(os.path.join(state_dir, "groups.jsonl"), "wb")
         self.sessions: list = []
 
-    def add(self, prod) -> None:
+    def add(self, prod: GroupProducts) -> None:
         self.sessions.append(prod.session)
         self.fh.write(orjson.dumps({"session": prod.session, "sft": [x.decode() for x in prod.sft_lines],
-                                    "partial": prod.partial}) + b"\n")
+                                    "partial": prod.report.to_json()}) + b"\n")
 
     def finish(self, index: Index, eot, opts, last_run: dict | None, known: dict | None = None) -> None:
         """Write index.parquet and the manifest. known: the previous manifest's files by key (sizes of files that

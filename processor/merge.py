@@ -31,8 +31,9 @@ _HEAD_BYTES = _HEAD * 4
 # ---------------------------------------------------------------------------------------------------- routing
 
 @dataclass(frozen=True, slots=True)
-class Route:
-    """Where one eligible call went. `kind`: join (rule 3), replace (rule 4) or open (a new chain)."""
+class ChainAssignment:
+    """Which chain one eligible call is assigned to, and how (routing's answer, rules 3–4). `kind`: join (rule 3),
+    replace (rule 4) or open (a new chain)."""
 
     kind: str
     chain: int
@@ -51,7 +52,7 @@ def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     return i if neq[i] else n
 
 
-def route_calls(prompts: Sequence[bytes]) -> list[Route]:
+def route_calls(prompts: Sequence[bytes]) -> list[ChainAssignment]:
     """Rules 3–4 for calls in (t_start, id) order; prompts are int32 LE bytes. Same answer as route_calls_naive.
 
     The index: tips are unique (a call equal to a tip replaces instead of opening or joining), so rule 4 is one
@@ -64,7 +65,7 @@ def route_calls(prompts: Sequence[bytes]) -> list[Route]:
     by_head: dict[bytes, set[int]] = {}  # tip[:HEAD] → chains whose tip has ≥ HEAD tokens
     short_tips: set[int] = set()  # chains whose tip has < HEAD tokens
     short_firsts: set[int] = set()  # chains whose first prompt has < HEAD tokens
-    routes: list[Route] = []
+    routes: list[ChainAssignment] = []
 
     def place(c: int, tip: bytes) -> None:
         exact[tip] = c
@@ -77,7 +78,7 @@ def route_calls(prompts: Sequence[bytes]) -> list[Route]:
     for i, p in enumerate(prompts):
         c = exact.get(p)
         if c is not None:  # rule 4: P_C equals a tip
-            routes.append(Route("replace", c, replaced=last[c]))
+            routes.append(ChainAssignment("replace", c, replaced=last[c]))
             last[c] = i
             continue
         head = p[:_HEAD_BYTES]
@@ -90,7 +91,7 @@ def route_calls(prompts: Sequence[bytes]) -> list[Route]:
             tips[joined] = p
             last[joined] = i
             place(joined, p)
-            routes.append(Route("join", joined))
+            routes.append(ChainAssignment("join", joined))
             continue
         # A new chain. Did the conversation diverge from a chain (lcp with its tip ≥ its first prompt)?
         # lcp(P, T) ≥ len(first) ⟺ P starts with first, because every tip starts with its chain's first prompt.
@@ -109,23 +110,23 @@ def route_calls(prompts: Sequence[bytes]) -> list[Route]:
         if len(p) < _HEAD_BYTES:
             short_firsts.add(n)
         place(n, p)
-        routes.append(Route("open", n, diverged_from=best[2] if best else None,
+        routes.append(ChainAssignment("open", n, diverged_from=best[2] if best else None,
                             diverged_pos=best[0] if best else None))
     return routes
 
 
-def route_calls_naive(prompts: Sequence[list[int]]) -> list[Route]:
+def route_calls_naive(prompts: Sequence[list[int]]) -> list[ChainAssignment]:
     """Rules 3–4 read literally, on Python lists. The reference the index is tested against."""
     tips: list[list[int]] = []
     firsts: list[list[int]] = []
     last: list[int] = []
-    routes: list[Route] = []
+    routes: list[ChainAssignment] = []
     for i, p in enumerate(prompts):
         # Rule 4 (goes before rule 3): if P_C equals a tip exactly, C replaces that chain's latest member.
         equal = [c for c in range(len(tips)) if tips[c] == p]
         if equal:
             c = max(equal, key=lambda c: last[c])
-            routes.append(Route("replace", c, replaced=last[c]))
+            routes.append(ChainAssignment("replace", c, replaced=last[c]))
             last[c] = i
             continue
         # Rule 3: C extends T when len(T) < len(P_C) and P_C[:len(T)] == T; C joins the chain with the longest
@@ -135,7 +136,7 @@ def route_calls_naive(prompts: Sequence[list[int]]) -> list[Route]:
             c = max(ext, key=lambda c: (len(tips[c]), last[c]))
             tips[c] = p
             last[c] = i
-            routes.append(Route("join", c))
+            routes.append(ChainAssignment("join", c))
             continue
         # Otherwise C opens a new chain; if its prompt shares with some tip T a common prefix at least as long as
         # the first prompt of T's chain, the conversation diverged from T's chain at that position.
@@ -151,7 +152,7 @@ def route_calls_naive(prompts: Sequence[list[int]]) -> list[Route]:
         tips.append(p)
         firsts.append(p)
         last.append(i)
-        routes.append(Route("open", len(tips) - 1, diverged_from=best[2] if best else None,
+        routes.append(ChainAssignment("open", len(tips) - 1, diverged_from=best[2] if best else None,
                             diverged_pos=best[0] if best else None))
     return routes
 
@@ -159,8 +160,8 @@ def route_calls_naive(prompts: Sequence[list[int]]) -> list[Route]:
 # ---------------------------------------------------------------------------------------------------- sequences
 
 @dataclass
-class Sequence_:
-    """One output sequence (a row of sequences.parquet) before rewards are joined."""
+class TrainingSequence:
+    """One training sequence: a row of sequences.parquet (and of batches/), before rewards are joined."""
 
     sequence_id: str
     chain_id: str
@@ -204,7 +205,7 @@ class Note:
 class GroupResult:
     """What merging one session group produced."""
 
-    sequences: list[Sequence_] = field(default_factory=list)
+    sequences: list[TrainingSequence] = field(default_factory=list)
     breaks: list[Note] = field(default_factory=list)
     flag_notes: list[Note] = field(default_factory=list)
     placement: dict[str, tuple[str, str]] = field(default_factory=dict)  # call_id → (sequence_id, chain_id)
@@ -235,7 +236,7 @@ class _Builder:
         self.n += len(call.completion)
         self.calls.append(call)
 
-    def finish(self, session: str | None) -> Sequence_:
+    def finish(self, session: str | None) -> TrainingSequence:
         ids = np.concatenate(self.parts) if len(self.parts) > 1 else self.parts[0].copy()
         mask = np.zeros(self.n, dtype=np.uint8)
         lps: np.ndarray | None = np.zeros(self.n, dtype=np.float32)
@@ -252,7 +253,7 @@ class _Builder:
         if any(c.constrained for c in self.calls):
             flags.add("constrained_decoding")
         first = self.calls[0]
-        return Sequence_(
+        return TrainingSequence(
             sequence_id=first.id, chain_id=self.chain_id, session=session, mode=self.mode, input_ids=ids,
             loss_mask=mask, logprobs=lps, call_ids=[c.id for c in self.calls], prompt_len=len(first.prompt),
             flags=[f for f in FLAGS if f in flags], break_cause=self.break_cause, model=first.model,
@@ -264,7 +265,7 @@ class InvariantError(AssertionError):
     """An output sequence broke an invariant: a bug in this module, never bad input."""
 
 
-def check_sequence(seq: Sequence_, calls: dict[str, Call]) -> None:
+def check_sequence(seq: TrainingSequence, calls: dict[str, Call]) -> None:
     """The invariants every output sequence keeps (issue 5 item 3): equal lengths; the first call's prompt is the
     prefix at mask 0; the mask-1 tokens are exactly the calls' completion ids in order, with their logprobs; 0.0
     logprobs where the mask is 0."""
@@ -299,6 +300,164 @@ def _first_eot(tail: np.ndarray, eot: frozenset[int]) -> int | None:
     return k if hit[k] else None
 
 
+@dataclass
+class _Chains:
+    """The routes replayed into chains: each chain's current members (positions among the eligible calls), the calls
+    a retry replaced, and lineages — a diverged chain counts with the chain it left (rules 3, 9)."""
+
+    members: list[list[int]] = field(default_factory=list)
+    superseded: list[tuple[int, int]] = field(default_factory=list)  # (call position, chain)
+    diverged: dict[int, tuple[int, int]] = field(default_factory=dict)  # new chain → (chain it left, position)
+    parent: list[int] = field(default_factory=list)  # union-find over chains: one root per lineage
+
+    @classmethod
+    def replay(cls, routes: list[ChainAssignment]) -> _Chains:
+        chains = cls()
+        for i, r in enumerate(routes):
+            if r.kind == "open":
+                chains.members.append([i])
+                chains.parent.append(r.chain)
+                if r.diverged_from is not None:
+                    chains.diverged[r.chain] = (r.diverged_from, r.diverged_pos or 0)
+                    chains.parent[chains.root(r.chain)] = chains.root(r.diverged_from)
+            elif r.kind == "join":
+                chains.members[r.chain].append(i)
+            else:  # Rule 4: C replaces the chain's latest member; the replaced call becomes its own sequence.
+                assert chains.members[r.chain][-1] == r.replaced
+                chains.members[r.chain][-1] = i
+                chains.superseded.append((r.replaced, r.chain))
+        return chains
+
+    def root(self, c: int) -> int:
+        parent = self.parent
+        while parent[c] != c:
+            parent[c] = parent[parent[c]]
+            c = parent[c]
+        return c
+
+    def lineages(self) -> dict[int, list[int]]:
+        """Each lineage's root chain → its chains, in chain order."""
+        out: dict[int, list[int]] = {}
+        for c in range(len(self.members)):
+            out.setdefault(self.root(c), []).append(c)
+        return out
+
+
+def _main_lineages(chains: _Chains, elig: list[Call], null_group: bool) -> dict[int, list[int]]:
+    """Rule 9: a session's main chain is the chain with the most calls (ties: the chain whose first call offered the
+    most tools — the agent loop offers its tools; titles, routers and memory extractors offer few or none —, then
+    the longest first prompt, then the earliest start); a diverged chain counts together with the chain it left,
+    and its first call is the lineage's earliest. In the null group every lineage is main."""
+    lineages = chains.lineages()
+    if null_group or not lineages:
+        return lineages
+
+    def rank(rt: int) -> tuple:
+        cs = lineages[rt]
+        n_calls = sum(len(chains.members[c]) for c in cs)
+        first = min((elig[chains.members[c][0]] for c in cs), key=lambda x: (x.t_start, x.id))
+        return (-n_calls, -first.n_tools, -len(first.prompt), first.t_start, first.id)
+
+    main = min(lineages, key=rank)
+    return {main: lineages[main]}
+
+
+class _ChainsToSequences:
+    """Rules 6–8 over one group's chains: a builder per output sequence (`out`, with its chain), and the breaks and
+    flag events recorded on the group's result."""
+
+    def __init__(self, res: GroupResult, session: str | None, elig: list[Call], chain_ids: list[str], *, mode: str,
+                 eot_for: Callable[[str | None], frozenset[int] | None], on_mismatch: str):
+        self.res, self.session, self.elig, self.chain_ids = res, session, elig, chain_ids
+        self.mode, self.eot_for, self.on_mismatch = mode, eot_for, on_mismatch
+        self.out: list[tuple[_Builder, int]] = []  # (builder, chain)
+
+    def _note_turn(self, b: _Builder, call: Call, chain_id: str, eot: frozenset[int] | None) -> None:
+        """Rule 6: a turn without an end-of-turn id is truncated (finish `length`) or aborted (any other)."""
+        if eot is None or _ends_with(call.completion, eot):
+            return
+        flag = "truncated_turn" if call.finish_reason == "length" else "aborted_turn"
+        b.flags.add(flag)
+        self.res.flag_notes.append(Note(self.session, chain_id, call.id, flag, len(call.prompt) + len(call.completion)))
+
+    def _eot_needed(self, model: str | None) -> frozenset[int]:
+        e = self.eot_for(model)
+        if not e:
+            raise MissingEot(model)
+        return e
+
+    def chain(self, c: int, members: list[int], diverged: tuple[int, int] | None) -> None:
+        """One chain's sequences: one per call (per_request), or its members merged until a break."""
+        cause0 = None
+        if diverged is not None:
+            cause0 = "prefix_diverged"
+            left, pos = diverged
+            self.res.breaks.append(Note(self.session, self.chain_ids[left], self.elig[members[0]].id,
+                                        "prefix_diverged", pos))
+        if self.mode == "per_request":
+            for j, i in enumerate(members):
+                call = self.elig[i]
+                b = _Builder(call, self.chain_ids[c], self.mode, cause0 if j == 0 else None)
+                self._note_turn(b, call, self.chain_ids[c], self.eot_for(call.model))
+                self.out.append((b, c))
+        else:
+            self._merge(c, members, cause0)
+
+    def _merge(self, c: int, members: list[int], cause0: str | None) -> None:
+        chain_id = self.chain_ids[c]
+        b = _Builder(self.elig[members[0]], chain_id, self.mode, cause0)
+        for j in range(1, len(members)):
+            a, nxt = self.elig[members[j - 1]], self.elig[members[j]]
+            eot = self._eot_needed(a.model)
+            self._note_turn(b, a, chain_id, eot)
+            cause, interstitial = self._boundary(b, a, nxt, chain_id, eot)
+            if cause is None:
+                b.extend(interstitial, nxt)
+                continue
+            # Rule 8: the chain continues (B is its tip) but a new sequence starts at B with B's whole prompt at
+            # mask 0; nothing is dropped.
+            self.res.breaks.append(Note(self.session, chain_id, nxt.id, cause, len(a.prompt)))
+            self.out.append((b, c))
+            b = _Builder(nxt, chain_id, self.mode, cause)
+            if cause == "context_mismatch":
+                b.flags.add("context_mismatch")
+        last = self.elig[members[-1]]
+        self._note_turn(b, last, chain_id, self._eot_needed(last.model))
+        self.out.append((b, c))
+
+    def _boundary(self, b: _Builder, a: Call, nxt: Call, chain_id: str,
+                  eot: frozenset[int]) -> tuple[str | None, np.ndarray | None]:
+        """Between consecutive members A → B: the interstitial that joins B to the sequence, or the break cause."""
+        if a.model != nxt.model:
+            return "model_changed", None
+        # Rule 6: tail = P_B[len(P_A):], k = the first index of an id in E.
+        tail = nxt.prompt[len(a.prompt):]
+        k = _first_eot(tail, eot)
+        if k is None:
+            return "no_eot_in_tail", None
+        ends = _ends_with(a.completion, eot)
+        # A ended its turn itself: its EOT is in the sequence already, the interstitial follows it.
+        # Otherwise (length, abort, stop string) the template's EOT joins the interstitial at mask 0.
+        interstitial = tail[k + 1:] if ends else tail[k:]
+        body = a.completion[:-1] if ends else a.completion
+        # Rule 7: the template's rendering of A's turn differs from what A sampled.
+        if not np.array_equal(tail[:k], body):
+            self.res.flag_notes.append(Note(self.session, chain_id, nxt.id, "context_mismatch", len(a.prompt)))
+            if self.on_mismatch == "split":
+                return "context_mismatch", None
+            b.flags.add("context_mismatch")
+        return None, interstitial
+
+    def superseded(self, i: int, c: int) -> None:
+        """Rule 4's replaced call: a sequence of its own, flagged superseded."""
+        call, chain_id = self.elig[i], self.chain_ids[c]
+        b = _Builder(call, chain_id, self.mode, None)
+        b.flags.add("superseded")
+        self._note_turn(b, call, chain_id, self.eot_for(call.model))
+        self.res.flag_notes.append(Note(self.session, chain_id, call.id, "superseded", len(call.prompt)))
+        self.out.append((b, c))
+
+
 def merge_group(calls: list[Call], *, mode: str, eot_for: Callable[[str | None], frozenset[int] | None],
                 on_mismatch: str = "merge", null_group: bool = False) -> GroupResult:
     """Turn one session group's calls (in (t_start, id) order) into sequences, per DESIGN §6.
@@ -310,139 +469,24 @@ def merge_group(calls: list[Call], *, mode: str, eot_for: Callable[[str | None],
     session = None if null_group else (calls[0].session if calls else None)
     # Rule 1: only calls with non-null prompt and completion ids enter sequences.
     elig = [c for c in calls if c.eligible]
-    routes = route_calls([c.prompt_bytes for c in elig])
+    chains = _Chains.replay(route_calls([c.prompt_bytes for c in elig]))
+    res.n_chains = len(chains.members)
+    chain_ids = [elig[m[0]].id for m in chains.members]
+    main = _main_lineages(chains, elig, null_group)
+    for cs in main.values():  # SFT: the last call of each main chain
+        res.sft_calls.append(max((elig[i] for c in cs for i in chains.members[c]), key=lambda x: (x.t_start, x.id)))
 
-    # Replay the routes into chains of current members; superseded calls are kept aside with their chain.
-    members: list[list[int]] = []
-    superseded: list[tuple[int, int]] = []  # (call position, chain)
-    parent: list[int] = []  # union-find over chains: a diverged chain counts with the chain it left (rule 3, 9)
-    diverged: dict[int, tuple[int, int]] = {}  # new chain → (chain it left, position)
-
-    def root(c: int) -> int:
-        while parent[c] != c:
-            parent[c] = parent[parent[c]]
-            c = parent[c]
-        return c
-
-    for i, r in enumerate(routes):
-        if r.kind == "open":
-            members.append([i])
-            parent.append(r.chain)
-            if r.diverged_from is not None:
-                diverged[r.chain] = (r.diverged_from, r.diverged_pos or 0)
-                parent[root(r.chain)] = root(r.diverged_from)
-        elif r.kind == "join":
-            members[r.chain].append(i)
-        else:  # Rule 4: C replaces the chain's latest member; the replaced call becomes its own sequence.
-            assert members[r.chain][-1] == r.replaced
-            members[r.chain][-1] = i
-            superseded.append((r.replaced, r.chain))
-    res.n_chains = len(members)
-    chain_ids = [elig[m[0]].id for m in members]
-
-    # Rule 9: a session's main chain is the chain with the most calls (ties: the chain whose first call offered the
-    # most tools — the agent loop offers its tools; titles, routers and memory extractors offer few or none —, then
-    # the longest first prompt, then the earliest start); a diverged chain counts together with the chain it left,
-    # and its first call is the lineage's earliest. In the null group every lineage is main.
-    lineages: dict[int, list[int]] = {}
-    for c in range(len(members)):
-        lineages.setdefault(root(c), []).append(c)
-    if null_group:
-        main_roots = set(lineages)
-    else:
-        def rank(rt: int) -> tuple:
-            cs = lineages[rt]
-            n_calls = sum(len(members[c]) for c in cs)
-            first = min((elig[members[c][0]] for c in cs), key=lambda x: (x.t_start, x.id))
-            return (-n_calls, -first.n_tools, -len(first.prompt), first.t_start, first.id)
-        main_roots = {min(lineages, key=rank)} if lineages else set()
-    for rt, cs in lineages.items():
-        if rt in main_roots:
-            last_call = max((elig[i] for c in cs for i in members[c]), key=lambda x: (x.t_start, x.id))
-            res.sft_calls.append(last_call)
-
-    def note_turn(b: _Builder, call: Call, pos: int, chain_id: str, eot: frozenset[int] | None) -> None:
-        """Rule 6: a turn without an end-of-turn id is truncated (finish `length`) or aborted (any other)."""
-        if eot is None or _ends_with(call.completion, eot):
-            return
-        flag = "truncated_turn" if call.finish_reason == "length" else "aborted_turn"
-        b.flags.add(flag)
-        res.flag_notes.append(Note(session, chain_id, call.id, flag, pos + len(call.completion)))
-
-    def eot_needed(model: str | None) -> frozenset[int]:
-        e = eot_for(model)
-        if not e:
-            raise MissingEot(model)
-        return e
-
-    out: list[tuple[_Builder, int]] = []  # (builder, chain)
-    for c, mem in enumerate(members):
-        chain_id = chain_ids[c]
-        first = elig[mem[0]]
-        cause0 = None
-        if c in diverged:
-            cause0 = "prefix_diverged"
-            left, pos = diverged[c]
-            res.breaks.append(Note(session, chain_ids[left], first.id, "prefix_diverged", pos))
-        if mode == "per_request":
-            for j, i in enumerate(mem):
-                b = _Builder(elig[i], chain_id, mode, cause0 if j == 0 else None)
-                note_turn(b, elig[i], len(elig[i].prompt), chain_id, eot_for(elig[i].model))
-                out.append((b, c))
-            continue
-        b = _Builder(first, chain_id, mode, cause0)
-        for j in range(1, len(mem)):
-            a, nxt = elig[mem[j - 1]], elig[mem[j]]
-            eot = eot_needed(a.model)
-            note_turn(b, a, len(a.prompt), chain_id, eot)
-            cause = None
-            interstitial = None
-            if a.model != nxt.model:
-                cause = "model_changed"
-            else:
-                # Rule 6: tail = P_B[len(P_A):], k = the first index of an id in E.
-                tail = nxt.prompt[len(a.prompt):]
-                k = _first_eot(tail, eot)
-                if k is None:
-                    cause = "no_eot_in_tail"
-                else:
-                    ends = _ends_with(a.completion, eot)
-                    # A ended its turn itself: its EOT is in the sequence already, the interstitial follows it.
-                    # Otherwise (length, abort, stop string) the template's EOT joins the interstitial at mask 0.
-                    interstitial = tail[k + 1:] if ends else tail[k:]
-                    body = a.completion[:-1] if ends else a.completion
-                    # Rule 7: the template's rendering of A's turn differs from what A sampled.
-                    if not np.array_equal(tail[:k], body):
-                        res.flag_notes.append(Note(session, chain_id, nxt.id, "context_mismatch", len(a.prompt)))
-                        if on_mismatch == "split":
-                            cause = "context_mismatch"
-                        else:
-                            b.flags.add("context_mismatch")
-            if cause is None:
-                b.extend(interstitial, nxt)
-            else:
-                # Rule 8: the chain continues (B is its tip) but a new sequence starts at B with B's whole prompt
-                # at mask 0; nothing is dropped.
-                res.breaks.append(Note(session, chain_id, nxt.id, cause, len(a.prompt)))
-                out.append((b, c))
-                b = _Builder(nxt, chain_id, mode, cause)
-                if cause == "context_mismatch":
-                    b.flags.add("context_mismatch")
-        last = elig[mem[-1]]
-        note_turn(b, last, len(last.prompt), chain_id, eot_needed(last.model))
-        out.append((b, c))
-    for i, c in superseded:
-        b = _Builder(elig[i], chain_ids[c], mode, None)
-        b.flags.add("superseded")
-        note_turn(b, elig[i], len(elig[i].prompt), chain_ids[c], eot_for(elig[i].model))
-        res.flag_notes.append(Note(session, chain_ids[c], elig[i].id, "superseded", len(elig[i].prompt)))
-        out.append((b, c))
+    build = _ChainsToSequences(res, session, elig, chain_ids, mode=mode, eot_for=eot_for, on_mismatch=on_mismatch)
+    for c, members in enumerate(chains.members):
+        build.chain(c, members, chains.diverged.get(c))
+    for i, c in chains.superseded:
+        build.superseded(i, c)
 
     by_id = {c.id: c for c in elig}
-    for b, c in out:
+    for b, c in build.out:
         seq = b.finish(session)
         check_sequence(seq, by_id)
-        if root(c) not in main_roots:
+        if chains.root(c) not in main:
             seq.side_chain = True
             seq.flags = [f for f in FLAGS if f in {*seq.flags, "side_chain"}]
         res.sequences.append(seq)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
+from polar.addon import record as rec
 from polar.processor.load import InputError
 
 _I32 = np.dtype("<i4")
@@ -59,13 +60,11 @@ def floats_view(blob: bytes | None) -> np.ndarray | None:
     return np.frombuffer(blob, dtype=_F32)
 
 
-def _is_constrained(body: dict) -> bool:
-    """tool_choice required/named, or a JSON-schema response format (DESIGN §4)."""
-    choice = body.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        return True
-    fmt = body.get("response_format")
-    return isinstance(fmt, dict) and fmt.get("type") in ("json_schema", "json_object")
+def _constrained(r: dict, body: dict) -> bool:
+    """The record's `constrained` when the gateway wrote it; older records lack it, and the gateway's own rule
+    (`record.is_constrained`) is applied to what it sent upstream."""
+    written = r.get("constrained")
+    return written if isinstance(written, bool) else rec.is_constrained(body)
 
 
 def _int_or_none(x: object) -> int | None:
@@ -139,6 +138,6 @@ def to_call(r: dict, source_file: str, source_offset: int) -> Call:
         id=row["call_id"], session=row["session"], t_start=row["t_start"] if row["t_start"] is not None else 0.0,
         model=row["model_served"], finish_reason=row["finish_reason"], stop_reason=row["stop_reason"],
         prompt=prompt, completion=completion, logprobs=logprobs, prompt_bytes=prompt_b,
-        constrained=_is_constrained(body), row=row, messages_json=messages_json, tools_json=tools_json,
+        constrained=_constrained(r, body), row=row, messages_json=messages_json, tools_json=tools_json,
         assistant=assistant, protocol=row["protocol"], n_tools=len(tools) if isinstance(tools, list) else 0,
     )

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from polar.processor.merge import Sequence_
+from polar.processor.merge import TrainingSequence
 
 
 UNMATCHED_NAMED = 10  # unmatched sessions named in the report and the warning; the rest are counted
@@ -102,7 +102,7 @@ def advantages(by_session: dict[str, tuple[float, str | None]]) -> dict[str, flo
     return out
 
 
-def apply(seq: Sequence_, rewards: Rewards, side_chains: str) -> None:
+def apply(seq: TrainingSequence, rewards: Rewards, side_chains: str) -> None:
     """Set a sequence's group, reward and advantage. Sessions without reward: both null.
 
     Side chains (rule 9): include = the session's values; zero = reward 0.0 and advantage 0.0 (null where the

@@ -19,7 +19,7 @@ import orjson
 import polars as pl
 from polars.io.plugins import register_io_source
 
-from polar.processor.merge import Sequence_
+from polar.processor.merge import TrainingSequence
 
 SEQUENCES_SCHEMA: dict[str, pl.DataType] = {
     "sequence_id": pl.Utf8, "chain_id": pl.Utf8, "session": pl.Utf8, "group": pl.Utf8, "mode": pl.Utf8,
@@ -57,7 +57,7 @@ def _list_series(name: str, arrays: list[np.ndarray | None], inner: pl.DataType,
     return s
 
 
-def sequences_frame(seqs: list[Sequence_]) -> pl.DataFrame:
+def sequences_frame(seqs: list[TrainingSequence]) -> pl.DataFrame:
     """The sequences schema for `seqs`, in order."""
     cols = {
         "sequence_id": [s.sequence_id for s in seqs], "chain_id": [s.chain_id for s in seqs],
@@ -167,13 +167,13 @@ class BatchPacker:
 
     directory: str
     max_tokens: int
-    current: list[Sequence_] = field(default_factory=list)
+    current: list[TrainingSequence] = field(default_factory=list)
     tokens: int = 0
     files: int = 0
     _pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="batches"))
     _pending: list[Future] = field(default_factory=list)
 
-    def add(self, seq: Sequence_) -> None:
+    def add(self, seq: TrainingSequence) -> None:
         n = seq.n_tokens
         if n > self.max_tokens:
             self.flush()

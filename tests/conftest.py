@@ -4,7 +4,9 @@
 `proxy_env` — the gateway with HTTPS_PROXY + SSL_CERT_FILE set (session "test-session"), so the official SDKs
 (which use httpx2 and reject an httpx.Client) reach provider hosts through the proxy exactly like an agent does:
 `anthropic.Anthropic(api_key="sk-test")`, `openai.OpenAI(api_key="sk-test")`, `genai.Client(api_key="k")`.
-Another session: `gateway.apply_env(monkeypatch, "s2")`."""
+Another session: `gateway.apply_env(monkeypatch, "s2")`. Without the environment, tests/support/sdk.py builds the
+same clients for one gateway and session; tests/support/records.py and servers.py hold the record helpers and the
+server lifecycle (ports, waiting, readiness) the suites share."""
 
 from __future__ import annotations
 
@@ -36,10 +38,8 @@ def captures_dir() -> str:
 def _upstream_server(tokenizer_dir):
     from tests.support.scripted_upstream import ScriptedUpstream
 
-    server = ScriptedUpstream(tokenizer_dir)
-    server.start()
-    yield server
-    server.stop()
+    with ScriptedUpstream(tokenizer_dir) as server:
+        yield server
 
 
 @pytest.fixture
@@ -52,9 +52,8 @@ def upstream(_upstream_server):
 @pytest.fixture(scope="session")
 def _gateway_server(_upstream_server, tmp_path_factory) -> GatewayHandle:
     base = tmp_path_factory.mktemp("gateway")
-    handle = start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"))
-    yield handle
-    handle.stop()
+    with start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows")) as handle:
+        yield handle
 
 
 @pytest.fixture

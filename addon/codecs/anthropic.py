@@ -27,6 +27,9 @@ Response rules (Encoder): the exact Anthropic SSE sequence — message_start (re
 content block per thinking / text / tool_use run with strictly increasing indexes, message_delta (stop reason and
 final usage), message_stop. Thinking blocks end with a signature of ours (the SDKs require one). Tool-use ids are the
 backend's when they fit Anthropic's id alphabet, else derived from the response id, so they round-trip unchanged.
+
+Sections, in every codec's order (`base.Codec`): constants · route and session key · request (to_chat) ·
+response (provider_stop_reason, Encoder) · errors and token counts.
 """
 
 from __future__ import annotations
@@ -34,12 +37,11 @@ from __future__ import annotations
 import base64
 import json
 import re
+
 import orjson
 
-from polar.addon.provider_errors import ANTHROPIC_ERRORS, ANTHROPIC_STATUS_TYPES
 from polar.addon.codecs.base import (
     AgentInputError,
-    Notes,
     ChatPlan,
     Completion,
     Delta,
@@ -47,13 +49,18 @@ from polar.addon.codecs.base import (
     GatewayError,
     Route,
     SessionKey,
-    sse,
 )
+from polar.addon.codecs.wire import Notes, header, host_name, sse
+from polar.addon.provider_errors import ANTHROPIC_ERRORS, ANTHROPIC_STATUS_TYPES
+
+# ---------------------------------------------------------------------------------------------------------------
+# constants
+# ---------------------------------------------------------------------------------------------------------------
 
 PROTOCOL = "anthropic_messages"
-HOSTS = frozenset({"api.anthropic.com"})
 STREAM_CONTENT_TYPE = "text/event-stream; charset=utf-8"
 JSON_CONTENT_TYPE = "application/json"
+HOSTS = frozenset({"api.anthropic.com"})
 
 BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
 TOOL_ERROR_PREFIX = "Error: "
@@ -74,13 +81,15 @@ _SERVER_BLOCKS = frozenset({
 })
 
 
-# ---------------------------------------------------------------------------------------------------------- route
+# ---------------------------------------------------------------------------------------------------------------
+# route and session key
+# ---------------------------------------------------------------------------------------------------------------
+
 
 def route(method: str, host: str, path: str, headers=None) -> Route | None:
     """Requests to api.anthropic.com are ours; only POST /v1/messages and /v1/messages/count_tokens are served,
     every other path is `not_found` (the CLIs' side traffic wants a fast 404)."""
-    name = host.lower().rsplit(":", 1)[0] if host.count(":") == 1 else host.lower()
-    if name not in HOSTS:
+    if host_name(host) not in HOSTS:
         return None
     bare = path.split("?", 1)[0].rstrip("/")
     if method.upper() == "POST" and bare == "/v1/messages":
@@ -90,23 +99,10 @@ def route(method: str, host: str, path: str, headers=None) -> Route | None:
     return Route(PROTOCOL, "not_found")
 
 
-def _header(headers, name: str) -> str | None:
-    """Case-insensitive lookup in a mapping (dict, mitmproxy Headers) or a sequence of (name, value) pairs."""
-    if headers is None:
-        return None
-    pairs = headers.items() if hasattr(headers, "items") else headers
-    for key, value in pairs:
-        if isinstance(key, bytes):
-            key = key.decode("latin-1")
-        if key.lower() == name:
-            return value.decode("latin-1") if isinstance(value, bytes) else value
-    return None
-
-
 def session_key(headers, body: dict | None) -> SessionKey | None:
     """Claude Code's session: header `X-Claude-Code-Session-Id`, else `session_id` inside the JSON string
     `metadata.user_id` (older versions wrote `…_session_<uuid>` there). Nothing else is a session."""
-    value = _header(headers, "x-claude-code-session-id")
+    value = header(headers, "x-claude-code-session-id")
     if value:
         return SessionKey("harness:x-claude-code-session-id", value)
     meta = body.get("metadata") if isinstance(body, dict) else None
@@ -124,7 +120,15 @@ def session_key(headers, body: dict | None) -> SessionKey | None:
     return SessionKey("harness:metadata.user_id", match.group(1)) if match else None
 
 
-# ------------------------------------------------------------------------------------------------------- to_chat
+def stream_content_type(route: Route) -> str:
+    """Every Anthropic stream is SSE."""
+    return STREAM_CONTENT_TYPE
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# request: Anthropic Messages -> OpenAI chat
+# ---------------------------------------------------------------------------------------------------------------
+
 
 def _fail(where: str, message: str) -> AgentInputError:
     return AgentInputError(f"{where}: {message}" if where else message)
@@ -378,11 +382,7 @@ def _number(body: dict, key: str, kind: type | tuple, lo: float | None = None):
     return value
 
 
-def to_chat(body, route: Route) -> ChatPlan:
-    """An Anthropic Messages request as an OpenAI chat request (module docstring: the rules)."""
-    if not isinstance(body, dict):
-        raise AgentInputError("request body must be a JSON object")
-    notes = Notes()
+def _model_and_stream(body: dict, route: Route) -> tuple[str | None, bool]:
     model = body.get("model")
     if model is not None and not isinstance(model, str):
         raise _fail("model", "Input should be a valid string")
@@ -393,7 +393,11 @@ def to_chat(body, route: Route) -> ChatPlan:
         stream = False
     if not isinstance(stream, bool):
         raise _fail("stream", "Input should be a valid boolean")
+    return model, stream
 
+
+def _messages(body: dict, route: Route, notes: Notes) -> tuple[list, list[dict]]:
+    """(the agent's messages, the chat messages): the system prompt first, then each turn in order."""
     raw_messages = body.get("messages")
     if raw_messages is None:
         raise _fail("messages", "Field required")
@@ -423,9 +427,12 @@ def to_chat(body, route: Route) -> ChatPlan:
             messages.append({"role": "system", "content": text or ""})
         else:
             raise _fail(f"{where}.role", f"Input should be 'user', 'assistant' or 'system', got {role!r}")
+    return raw_messages, messages
 
-    chat: dict = {"messages": messages}
-    extra: dict = {}
+
+def _prefill(raw_messages: list, chat: dict, notes: Notes) -> None:
+    """A final assistant turn is continued (prefill), or dropped when it asks for nothing."""
+    messages = chat["messages"]
     last = raw_messages[-1] if raw_messages else None
     if isinstance(last, dict) and last.get("role") == "assistant" and not messages[-1].get("tool_calls"):
         if messages[-1]["content"] or messages[-1].get("reasoning_content"):
@@ -437,6 +444,9 @@ def to_chat(body, route: Route) -> ChatPlan:
             messages.pop()  # an empty prefill asks for nothing: a plain generation
             notes.add("dropped_empty_prefill")
 
+
+def _tool_fields(body: dict, chat: dict, notes: Notes) -> bool:
+    """tools, tool_choice and parallel_tool_calls into `chat`; whether the choice constrains decoding."""
     tools = _tools(body["tools"], notes) if body.get("tools") is not None else []
     if body.get("tools") is not None:
         chat["tools"] = tools
@@ -446,7 +456,11 @@ def to_chat(body, route: Route) -> ChatPlan:
         chat["tool_choice"], constrained = _tool_choice(body["tool_choice"], names, notes)
         if body["tool_choice"].get("disable_parallel_tool_use") is True:
             chat["parallel_tool_calls"] = False
+    return constrained
 
+
+def _sampling(body: dict, route: Route, chat: dict) -> None:
+    """max_tokens (required to generate), temperature, top_p, top_k and stop_sequences into `chat`."""
     max_tokens = _number(body, "max_tokens", int, 1)
     if max_tokens is None and route.kind == "generate":
         raise _fail("max_tokens", "Field required")
@@ -463,8 +477,11 @@ def to_chat(body, route: Route) -> ChatPlan:
         if stops:
             chat["stop"] = list(stops)
 
+
+def _thinking(body: dict) -> dict:
+    """The plan's `extra`: the agent's thinking intent (None when it said nothing) and its budget."""
     thinking = body.get("thinking")
-    extra["thinking"] = None
+    extra: dict = {"thinking": None}
     if thinking is not None:
         if not isinstance(thinking, dict) or thinking.get("type") not in ("enabled", "adaptive", "disabled"):
             raise _fail("thinking.type", "Input should be 'enabled', 'adaptive' or 'disabled'")
@@ -472,7 +489,11 @@ def to_chat(body, route: Route) -> ChatPlan:
         budget = thinking.get("budget_tokens")
         if isinstance(budget, int) and not isinstance(budget, bool):
             extra["thinking_budget_tokens"] = budget
+    return extra
 
+
+def _output_format(body: dict, notes: Notes) -> dict | None:
+    """`output_config.format`, or the beta `output_format` (it wins), as a chat response_format."""
     output_config = body.get("output_config")
     response_format = None
     if output_config is not None:
@@ -484,23 +505,36 @@ def to_chat(body, route: Route) -> ChatPlan:
                 notes.add(f"ignored:output_config.{key}")
     if body.get("output_format") is not None:
         response_format = _response_format(body["output_format"], "output_format")
+    return response_format
+
+
+def to_chat(body, route: Route) -> ChatPlan:
+    """An Anthropic Messages request as an OpenAI chat request (module docstring: the rules)."""
+    if not isinstance(body, dict):
+        raise AgentInputError("request body must be a JSON object")
+    notes = Notes()
+    model, stream = _model_and_stream(body, route)
+    raw_messages, messages = _messages(body, route, notes)
+    chat: dict = {"messages": messages}
+    _prefill(raw_messages, chat, notes)
+    constrained = _tool_fields(body, chat, notes)
+    _sampling(body, route, chat)
+    extra = _thinking(body)
+    response_format = _output_format(body, notes)
     if response_format is not None:
         chat["response_format"] = response_format
         constrained = True
-
     for key in body:
         if key not in _HANDLED_FIELDS or (key in _IGNORED_FIELDS and body[key] is not None):
             notes.add(f"ignored:{key}")
-
     return ChatPlan(chat=chat, stream=stream, model_requested=model, normalizations=tuple(notes.items),
                     constrained=constrained, extra=extra)
 
 
-def count_tokens_response(n: int, route: Route | None = None) -> dict:
-    return {"input_tokens": n}
+# ---------------------------------------------------------------------------------------------------------------
+# response: chat stream -> Anthropic SSE events, Message body
+# ---------------------------------------------------------------------------------------------------------------
 
-
-# -------------------------------------------------------------------------------------------------- stop reasons
 
 def _stop(c: Completion, plan: ChatPlan | None = None) -> tuple[str, str | None]:
     """(stop_reason, stop_sequence) told to the agent."""
@@ -520,8 +554,6 @@ def provider_stop_reason(c: Completion, plan: ChatPlan | None = None) -> str:
     """The Anthropic stop_reason for a backend completion: end_turn, max_tokens, stop_sequence or tool_use."""
     return _stop(c, plan)[0]
 
-
-# ------------------------------------------------------------------------------------------------------- encoder
 
 def _event(kind: str, payload: dict) -> bytes:
     return sse(kind, orjson.dumps({"type": kind, **payload}))
@@ -553,13 +585,15 @@ class Encoder:
         self.next_index = 0
         self.open: tuple[str, int] | None = None  # (kind, backend tool index or -1), for the open block
         self.tool_blocks: dict[int, int] = {}  # backend tool index → block index
+        self.notes: list[str] = []  # nothing to note while encoding Anthropic events
 
     def _tool_id(self, call_id: str | None, index: int) -> str:
         if call_id and _ID_OK.match(call_id):
             return call_id
         return f"toolu_{re.sub(r'[^A-Za-z0-9_-]', '_', self.ctx.response_id)}_{index}"
 
-    # streaming
+    # -- streaming -------------------------------------------------------------------------------------------
+
     def start(self) -> list[bytes]:
         if self.started:
             return []
@@ -625,7 +659,8 @@ class Encoder:
         _, kind = _error_status_type(e)
         return [sse("error", orjson.dumps({"type": "error", "error": {"type": kind, "message": _error_message(e)}}))]
 
-    # non-streaming
+    # -- non-streaming ---------------------------------------------------------------------------------------
+
     def response(self, c: Completion) -> dict:
         content: list[dict] = []
         if c.reasoning:
@@ -641,17 +676,16 @@ class Encoder:
                 "usage": _usage(c.prompt_tokens, c.completion_tokens)}
 
 
-# -------------------------------------------------------------------------------------------------------- errors
-
-_KIND_STATUS = ANTHROPIC_ERRORS
-_STATUS_TYPE = ANTHROPIC_STATUS_TYPES
+# ---------------------------------------------------------------------------------------------------------------
+# errors and token counts
+# ---------------------------------------------------------------------------------------------------------------
 
 
 def _error_status_type(e: GatewayError) -> tuple[int, str]:
-    status, kind = _KIND_STATUS.get(e.kind, (529, "overloaded_error"))
+    status, kind = ANTHROPIC_ERRORS.get(e.kind, (529, "overloaded_error"))
     # A backend 4xx is passed on as such; any backend 5xx is Anthropic's 529 (DESIGN §4 table).
     if e.status is not None and 400 <= e.status < 500 and e.status != status:
-        return e.status, _STATUS_TYPE.get(e.status, "api_error")
+        return e.status, ANTHROPIC_STATUS_TYPES.get(e.status, "api_error")
     return status, kind
 
 
@@ -667,3 +701,6 @@ def error_response(e: GatewayError) -> tuple[int, bytes]:
     status, kind = _error_status_type(e)
     return status, orjson.dumps({"type": "error", "error": {"type": kind, "message": _error_message(e)}})
 
+
+def count_tokens_response(n: int, route: Route | None = None) -> dict:
+    return {"input_tokens": n}

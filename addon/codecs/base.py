@@ -1,13 +1,18 @@
-"""Contracts every protocol codec fills (one module per protocol; no mitmproxy import; no module knows two protocols).
+"""Contracts every protocol codec fills: the data types that cross the seam, and `Codec`, the seam itself.
 
-A codec module exposes, in this order:
+A codec is one module per protocol (no mitmproxy import; no module knows two protocols) that satisfies `Codec`:
+every member is required, and the driver (`addon/call.py`) uses each directly, never probing for one.
 
     PROTOCOL: str                                   one of record.PROTOCOLS
+    STREAM_CONTENT_TYPE / JSON_CONTENT_TYPE: str    the content types of a streamed and of a JSON answer
     route(method, host, path, headers) -> Route | None
                                                     does this request belong to this protocol, and what is it
     session_key(headers, body) -> SessionKey | None the harness's own session key, if it sends one
+    stream_content_type(route) -> str               the streamed answer's content type for this route
     to_chat(body, route) -> ChatPlan                provider request -> OpenAI chat request (raises AgentInputError)
+    provider_stop_reason(c: Completion, plan) -> str  what the agent was told (recorded)
     class Encoder(ctx: EncodeContext)               chat stream -> provider stream events (bytes), and the JSON body
+        notes: list[str]                            normalizations found while encoding (recorded; often empty)
         start() -> list[bytes]                      called once, when the backend's first chunk arrived
         delta(d: Delta) -> list[bytes]              one parsed backend chunk
         finish(c: Completion) -> list[bytes]        closing events (the gateway writes the record before sending them)
@@ -16,20 +21,20 @@ A codec module exposes, in this order:
     error_response(e: GatewayError) -> (status, body bytes)
                                                     a failure before response headers, in the provider's shape
     count_tokens_response(n: int, route) -> dict    answer to the protocol's token-count endpoint
-    provider_stop_reason(c: Completion, plan) -> str  what the agent was told (recorded)
-    STREAM_CONTENT_TYPE / JSON_CONTENT_TYPE
-    stream_content_type(route) -> str               optional: when the stream's content type depends on the route
-    Encoder.notes: list[str]                        optional: normalizations found while encoding (recorded)
+
+Every codec module lays these out in the same sections, in this order: constants · route and session key ·
+request (to_chat) · response (provider_stop_reason, Encoder: streaming, then non-streaming) · errors and token
+counts. The wire mechanics they share (header lookup, host names, number checks, notes, SSE framing, the OpenAI
+error table) are in `wire.py`.
 
 The gateway owns everything between: upstream shaping, the backend call, timeouts, records.
 """
 
 from __future__ import annotations
 
-import math
-
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal, Protocol, runtime_checkable
 
 RouteKind = Literal["generate", "count_tokens", "websocket", "not_found"]
 
@@ -141,28 +146,48 @@ class AgentInputError(GatewayError):
         super().__init__("bad_request", message)
 
 
-class Notes:
-    """Ordered, de-duplicated normalization strings (what a codec changed in the agent's request)."""
-
-    def __init__(self) -> None:
-        self._items: dict[str, None] = {}
-
-    def add(self, note: str) -> None:
-        self._items.setdefault(note, None)
-
-    @property
-    def items(self) -> tuple[str, ...]:
-        return tuple(self._items)
+# ---------------------------------------------------------------------------------------------------------------
+# the seam: what every codec module provides
+# ---------------------------------------------------------------------------------------------------------------
 
 
-def is_number(v) -> bool:
-    """A JSON number (bool excluded, finite)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+@runtime_checkable
+class ResponseEncoder(Protocol):
+    """What a codec's `Encoder(ctx)` builds for one call: the agent's stream events, or its whole JSON body."""
+
+    notes: list[str]  # normalizations found while encoding (e.g. invalid tool arguments kept raw), for the record
+
+    def start(self) -> list[bytes]: ...
+
+    def delta(self, d: Delta) -> list[bytes]: ...
+
+    def finish(self, c: Completion) -> list[bytes]: ...
+
+    def error(self, e: GatewayError) -> list[bytes]: ...
+
+    def response(self, c: Completion) -> dict: ...
 
 
-def sse(event: str | None, data: bytes | str) -> bytes:
-    """One server-sent event."""
-    if isinstance(data, str):
-        data = data.encode()
-    head = f"event: {event}\n".encode() if event else b""
-    return head + b"data: " + data + b"\n\n"
+@runtime_checkable
+class Codec(Protocol):
+    """One provider protocol, as a module (PEP 544: a module satisfies a protocol with its globals). Every member
+    is required; the module docstring above says what each one answers."""
+
+    PROTOCOL: str
+    STREAM_CONTENT_TYPE: str
+    JSON_CONTENT_TYPE: str
+    Encoder: Callable[[EncodeContext], ResponseEncoder]
+
+    def route(self, method: str, host: str, path: str, headers: Any = None) -> Route | None: ...
+
+    def session_key(self, headers: Any, body: dict | None) -> SessionKey | None: ...
+
+    def stream_content_type(self, route: Route) -> str: ...
+
+    def to_chat(self, body: Any, route: Route) -> ChatPlan: ...
+
+    def provider_stop_reason(self, c: Completion, plan: ChatPlan | None = None) -> str: ...
+
+    def error_response(self, e: GatewayError) -> tuple[int, bytes]: ...
+
+    def count_tokens_response(self, n: int, route: Route) -> dict: ...

@@ -13,6 +13,9 @@ arguments on the upstream assistant message. Foreign signatures and the CLI's pl
 
 Function calls are emitted whole (Google has no argument deltas), in the closing event, once the backend's stream
 has ended and every call's arguments are known to be complete.
+
+Sections, in every codec's order (`base.Codec`): constants · route and session key · request (to_chat) ·
+response (provider_stop_reason, Encoder) · errors and token counts.
 """
 
 from __future__ import annotations
@@ -25,32 +28,60 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 
 import orjson
 
-from ..provider_errors import GOOGLE_ERRORS, GOOGLE_STATUS_NAMES
-from .base import AgentInputError, ChatPlan, Completion, Delta, EncodeContext, GatewayError, Route, SessionKey
+from polar.addon.codecs.base import (
+    AgentInputError,
+    ChatPlan,
+    Completion,
+    Delta,
+    EncodeContext,
+    GatewayError,
+    Route,
+    SessionKey,
+)
+from polar.addon.codecs.wire import Notes, host_name
+from polar.addon.provider_errors import GOOGLE_ERRORS, GOOGLE_STATUS_NAMES
+
+# ---------------------------------------------------------------------------------------------------------------
+# constants
+# ---------------------------------------------------------------------------------------------------------------
 
 PROTOCOL = "google_generate"
-HOST = "generativelanguage.googleapis.com"
 STREAM_CONTENT_TYPE = "text/event-stream"
 JSON_CONTENT_TYPE = "application/json; charset=UTF-8"
 
+HOST = "generativelanguage.googleapis.com"
 _PATH = re.compile(r"^/(v1|v1beta|v1alpha)/models/([^/:]+):(generateContent|streamGenerateContent|countTokens)$")
+
 SIGNATURE_PREFIX = b"polar:v1:"
 CLI_PLACEHOLDER_SIGNATURE = "skip_thought_signature_validator"
 RAW_ARGUMENTS_KEY = "__raw_arguments__"  # functionCall.args must be an object: invalid JSON text is kept under it
 _SERVER_TOOLS = ("googleSearch", "googleSearchRetrieval", "codeExecution", "urlContext", "computerUse",
                  "fileSearch", "googleMaps", "retrieval", "enterpriseWebSearch", "mcpServers")
 
+# Google's Schema type names, and the JSON Schema keywords to_json_schema walks.
+_TYPES = {"TYPE_UNSPECIFIED", "STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"}
+_INT_KEYS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
+_SUB_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+               "additionalItems", "unevaluatedItems", "unevaluatedProperties")
+_SUB_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SUB_MAP = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 
-def stream_content_type(route: Route) -> str:
-    """The content type of a streaming answer: SSE with alt=sse, else the JSON array stream."""
-    return STREAM_CONTENT_TYPE if route.sse else JSON_CONTENT_TYPE
+# Values that are the agent's own data, never Google field names: copied verbatim.
+_VERBATIM = {"args", "response", "parametersJsonSchema", "responseJsonSchema", "labels", "default", "example",
+             "enum", "required", "propertyOrdering", "allowedFunctionNames", "stopSequences"}
+
+# Backend finish_reason → Google's finishReason (function calls finish with STOP, like Gemini).
+_FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "abort": "OTHER", "error": "OTHER"}
 
 
-# ---------------------------------------------------------------------------------------------------------- route
+# ---------------------------------------------------------------------------------------------------------------
+# route and session key
+# ---------------------------------------------------------------------------------------------------------------
+
 
 def route(method: str, host: str, path: str, headers=None) -> Route | None:
     """Google requests are decided by host and path; `path` may carry the query string (alt=sse, key=...)."""
-    if host.split(":")[0].lower() != HOST:
+    if host_name(host) != HOST:
         return None
     parts = urlsplit(path)
     m = _PATH.match(parts.path)
@@ -71,7 +102,15 @@ def session_key(headers, body) -> SessionKey | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------------- signatures
+def stream_content_type(route: Route) -> str:
+    """The content type of a streaming answer: SSE with alt=sse, else the JSON array stream."""
+    return STREAM_CONTENT_TYPE if route.sse else JSON_CONTENT_TYPE
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# request: GenerateContent -> OpenAI chat
+# ---------------------------------------------------------------------------------------------------------------
+
 
 def encode_signature(reasoning: str, arguments: list[str]) -> str:
     """Our thoughtSignature: base64 of `polar:v1:` + compact JSON of the reasoning and raw argument texts."""
@@ -96,16 +135,6 @@ def decode_signature(sig) -> dict | None:
                 return None
             return obj if isinstance(obj, dict) else None
     return None
-
-
-# ------------------------------------------------------------------------------------------------------- schemas
-
-_TYPES = {"TYPE_UNSPECIFIED", "STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"}
-_INT_KEYS = ("minItems", "maxItems", "minLength", "maxLength", "minProperties", "maxProperties")
-_SUB_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
-               "additionalItems", "unevaluatedItems", "unevaluatedProperties")
-_SUB_LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUB_MAP = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 
 
 def to_json_schema(schema, notes: set[str]):
@@ -159,13 +188,6 @@ def to_json_schema(schema, notes: set[str]):
     return out
 
 
-# ---------------------------------------------------------------------------------------------------- proto JSON
-
-# Values that are the agent's own data, never Google field names: copied verbatim.
-_VERBATIM = {"args", "response", "parametersJsonSchema", "responseJsonSchema", "labels", "default", "example",
-             "enum", "required", "propertyOrdering", "allowedFunctionNames", "stopSequences"}
-
-
 def _camel(key: str) -> str:
     if "_" not in key or key.startswith("_") or key != key.lower():
         return key
@@ -192,8 +214,6 @@ def proto_json(obj):
             out[key] = proto_json(value)
     return out
 
-
-# ------------------------------------------------------------------------------------------------------- to_chat
 
 def _dumps(obj) -> str:
     # vLLM's tool parsers serialize arguments with json.dumps(..., ensure_ascii=False): re-serialize the same way.
@@ -235,14 +255,13 @@ def _media_part(mime: str, url: str, inline: bool) -> dict:
 class _History:
     """Turns `contents` into OpenAI chat messages, matching function responses to the calls they answer."""
 
-    def __init__(self, notes: list[str]):
+    def __init__(self, notes: Notes):
         self.notes = notes
         self.messages: list[dict] = []
         self.open_calls: list[tuple[str, str]] = []  # (id, name) of the last model turn's unanswered calls
 
     def note(self, n: str) -> None:
-        if n not in self.notes:
-            self.notes.append(n)
+        self.notes.add(n)
 
     def user_turn(self, parts: list, turn: int) -> None:
         content: list[dict] = []
@@ -397,7 +416,7 @@ class _History:
         self.note(f"dropped_part:{keys[0] if keys else 'empty'}")
 
 
-def _tools(body: dict, notes: list[str], schema_notes: set[str]) -> list[dict]:
+def _tools(body: dict, notes: Notes, schema_notes: set[str]) -> list[dict]:
     tools = body.get("tools") or []
     if not isinstance(tools, list):
         raise AgentInputError("tools must be a list")
@@ -424,13 +443,13 @@ def _tools(body: dict, notes: list[str], schema_notes: set[str]) -> list[dict]:
                     fn["parameters"] = params
                     out.append({"type": "function", "function": fn})
             elif key in _SERVER_TOOLS or isinstance(value, dict):
-                notes.append(f"dropped_server_tool:{key}")
+                notes.add(f"dropped_server_tool:{key}")
             else:
                 raise AgentInputError(f"unknown tool field {key!r}")
     return out
 
 
-def _tool_choice(body: dict, tools: list[dict], notes: list[str]):
+def _tool_choice(body: dict, tools: list[dict], notes: Notes):
     cfg = (body.get("toolConfig") or {}).get("functionCallingConfig") or {}
     mode = str(cfg.get("mode", "MODE_UNSPECIFIED")).upper()
     allowed = cfg.get("allowedFunctionNames") or []
@@ -440,7 +459,7 @@ def _tool_choice(body: dict, tools: list[dict], notes: list[str]):
             raise AgentInputError(f"allowedFunctionNames names an undeclared function {n!r}")
     if mode in ("MODE_UNSPECIFIED", "AUTO"):
         if allowed:
-            notes.append("allowed_function_names_ignored")  # Google honours them only with mode ANY
+            notes.add("allowed_function_names_ignored")  # Google honours them only with mode ANY
         return "auto" if mode == "AUTO" else None
     if mode == "NONE":
         return "none"
@@ -448,10 +467,10 @@ def _tool_choice(body: dict, tools: list[dict], notes: list[str]):
         if len(allowed) == 1:
             return {"type": "function", "function": {"name": allowed[0]}}
         if len(allowed) > 1 and set(allowed) != names:
-            notes.append("allowed_function_names_widened")  # OpenAI chat cannot name a subset
+            notes.add("allowed_function_names_widened")  # OpenAI chat cannot name a subset
         return "required"
     if mode == "VALIDATED":
-        notes.append("tool_mode_validated_as_auto")
+        notes.add("tool_mode_validated_as_auto")
         return "auto"
     raise AgentInputError(f"unknown functionCallingConfig.mode {cfg.get('mode')!r}")
 
@@ -469,19 +488,9 @@ def _thinking(gc: dict) -> tuple[bool | None, bool]:
     return (True if include else None), include
 
 
-def to_chat(body: dict, route: Route) -> ChatPlan:
-    """A GenerateContentRequest (or a countTokens body) → OpenAI chat. Raises AgentInputError (→ 400)."""
-    if not isinstance(body, dict):
-        raise AgentInputError("request body must be a JSON object")
-    body = proto_json(body)
-    if route.kind == "count_tokens" and isinstance(body.get("generateContentRequest"), dict):
-        body = body["generateContentRequest"]
-    if body.get("cachedContent"):
-        raise AgentInputError("cachedContent is not supported by this gateway")
-    notes: list[str] = []
-    schema_notes: set[str] = set()
+def _messages(body: dict, route: Route, notes: Notes) -> list[dict]:
+    """systemInstruction, then `contents` turn by turn, as chat messages; every functionCall must be answered."""
     messages: list[dict] = []
-
     system = body.get("systemInstruction")
     if system is not None:
         text = _text_of(system, "systemInstruction")
@@ -508,8 +517,55 @@ def to_chat(body: dict, route: Route) -> ChatPlan:
     if history.open_calls and route.kind != "count_tokens":
         raise AgentInputError(f"functionCall {history.open_calls[0][1]!r} has no functionResponse")
     messages.extend(history.messages)
+    return messages
 
-    chat: dict = {"messages": messages}
+
+def _generation_config(gc: dict, chat: dict, notes: Notes, schema_notes: set[str]) -> bool:
+    """generationConfig's sampling, stop and response format into `chat`; whether a JSON schema constrains it."""
+    for src, dst in (("temperature", "temperature"), ("topP", "top_p"), ("topK", "top_k"),
+                     ("maxOutputTokens", "max_tokens"), ("seed", "seed"), ("presencePenalty", "presence_penalty"),
+                     ("frequencyPenalty", "frequency_penalty")):
+        if gc.get(src) is not None:
+            chat[dst] = gc[src]
+    if gc.get("stopSequences"):
+        chat["stop"] = list(gc["stopSequences"])
+    if (gc.get("candidateCount") or 1) > 1:
+        raise AgentInputError("candidateCount > 1 is not supported: this gateway generates one candidate")
+    constrained = False
+    mime = gc.get("responseMimeType")
+    schema = gc.get("responseJsonSchema", gc.get("responseSchema"))
+    if mime == "application/json":
+        if schema is not None:
+            chat["response_format"] = {"type": "json_schema", "json_schema": {
+                "name": "response", "schema": to_json_schema(schema, schema_notes), "strict": True}}
+            constrained = True
+        else:
+            chat["response_format"] = {"type": "json_object"}
+    elif mime not in (None, "text/plain"):
+        notes.add(f"response_mime_type_ignored:{mime}")
+    elif schema is not None:
+        raise AgentInputError("responseSchema requires responseMimeType 'application/json'")
+    if gc.get("responseLogprobs") or gc.get("logprobs"):
+        notes.add("logprobs_ignored")
+    for ignored in ("responseModalities", "speechConfig", "mediaResolution", "imageConfig"):
+        if ignored in gc and gc[ignored] not in (None, [], ["TEXT"]):
+            notes.add(f"ignored:{ignored}")
+    return constrained
+
+
+def to_chat(body: dict, route: Route) -> ChatPlan:
+    """A GenerateContentRequest (or a countTokens body) → OpenAI chat. Raises AgentInputError (→ 400)."""
+    if not isinstance(body, dict):
+        raise AgentInputError("request body must be a JSON object")
+    body = proto_json(body)
+    if route.kind == "count_tokens" and isinstance(body.get("generateContentRequest"), dict):
+        body = body["generateContentRequest"]
+    if body.get("cachedContent"):
+        raise AgentInputError("cachedContent is not supported by this gateway")
+    notes = Notes()
+    schema_notes: set[str] = set()  # recorded after every other note, sorted
+
+    chat: dict = {"messages": _messages(body, route, notes)}
     tools = _tools(body, notes, schema_notes)
     if tools:
         chat["tools"] = tools
@@ -521,46 +577,21 @@ def to_chat(body: dict, route: Route) -> ChatPlan:
     gc = body.get("generationConfig") or {}
     if not isinstance(gc, dict):
         raise AgentInputError("generationConfig must be an object")
-    for src, dst in (("temperature", "temperature"), ("topP", "top_p"), ("topK", "top_k"),
-                     ("maxOutputTokens", "max_tokens"), ("seed", "seed"), ("presencePenalty", "presence_penalty"),
-                     ("frequencyPenalty", "frequency_penalty")):
-        if gc.get(src) is not None:
-            chat[dst] = gc[src]
-    if gc.get("stopSequences"):
-        chat["stop"] = list(gc["stopSequences"])
-    if (gc.get("candidateCount") or 1) > 1:
-        raise AgentInputError("candidateCount > 1 is not supported: this gateway generates one candidate")
-    mime = gc.get("responseMimeType")
-    schema = gc.get("responseJsonSchema", gc.get("responseSchema"))
-    if mime == "application/json":
-        if schema is not None:
-            chat["response_format"] = {"type": "json_schema", "json_schema": {
-                "name": "response", "schema": to_json_schema(schema, schema_notes), "strict": True}}
-            constrained = True
-        else:
-            chat["response_format"] = {"type": "json_object"}
-    elif mime not in (None, "text/plain"):
-        notes.append(f"response_mime_type_ignored:{mime}")
-    elif schema is not None:
-        raise AgentInputError("responseSchema requires responseMimeType 'application/json'")
-    if gc.get("responseLogprobs") or gc.get("logprobs"):
-        notes.append("logprobs_ignored")
-    for ignored in ("responseModalities", "speechConfig", "mediaResolution", "imageConfig"):
-        if ignored in gc and gc[ignored] not in (None, [], ["TEXT"]):
-            notes.append(f"ignored:{ignored}")
+    constrained = _generation_config(gc, chat, notes, schema_notes) or constrained
     if body.get("safetySettings"):
-        notes.append("ignored:safetySettings")
+        notes.add("ignored:safetySettings")
     thinking, include_thoughts = _thinking(gc)
-    notes.extend(sorted(schema_notes))
+    for note in sorted(schema_notes):
+        notes.add(note)
 
     return ChatPlan(chat=chat, stream=bool(route.stream), model_requested=route.model,
-                    normalizations=tuple(dict.fromkeys(notes)), constrained=constrained,
+                    normalizations=notes.items, constrained=constrained,
                     extra={"thinking": thinking, "include_thoughts": include_thoughts})
 
 
-# ------------------------------------------------------------------------------------------------------- encoder
-
-_FINISH = {"stop": "STOP", "length": "MAX_TOKENS", "tool_calls": "STOP", "abort": "OTHER", "error": "OTHER"}
+# ---------------------------------------------------------------------------------------------------------------
+# response: chat stream -> GenerateContentResponse events (SSE or JSON array), the JSON body
+# ---------------------------------------------------------------------------------------------------------------
 
 
 def provider_stop_reason(c: Completion, plan: ChatPlan | None = None) -> str:
@@ -593,7 +624,8 @@ class Encoder:
         self._opened = False
         self._closed = False
 
-    # framing --------------------------------------------------------------------------------------------------
+    # -- framing ---------------------------------------------------------------------------------------------
+
     def _frame(self, obj: dict) -> bytes:
         data = orjson.dumps(obj)
         if self.sse:
@@ -628,7 +660,8 @@ class Encoder:
             parts.append({"text": "", "thoughtSignature": encode_signature(c.reasoning, [])})
         return parts
 
-    # streaming ------------------------------------------------------------------------------------------------
+    # -- streaming -------------------------------------------------------------------------------------------
+
     def start(self) -> list[bytes]:
         """Nothing: Gemini's first event already carries content."""
         return []
@@ -653,14 +686,15 @@ class Encoder:
 
     def error(self, e: GatewayError) -> list[bytes]:
         """A mid-stream failure: a final `{"error": …}` event (the SDKs raise APIError on it)."""
-        status, body = error_response(e)
+        _, body = error_response(e)
         out = [self._frame(orjson.loads(body))]
         if not self.sse:
             out.append(b"]")
         self._closed = True
         return out
 
-    # non-streaming --------------------------------------------------------------------------------------------
+    # -- non-streaming ---------------------------------------------------------------------------------------
+
     def response(self, c: Completion) -> dict:
         parts: list[dict] = []
         if c.reasoning and self.include_thoughts:
@@ -673,24 +707,19 @@ class Encoder:
         return body
 
 
-# -------------------------------------------------------------------------------------------------------- errors
-
-_KIND = GOOGLE_ERRORS
-_STATUS = GOOGLE_STATUS_NAMES
+# ---------------------------------------------------------------------------------------------------------------
+# errors and token counts
+# ---------------------------------------------------------------------------------------------------------------
 
 
 def error_response(e: GatewayError) -> tuple[int, bytes]:
     """Google's error body {"error": {code, message, status}}; a 413 becomes 400 as Google answers oversize bodies."""
-    code, status = _KIND.get(e.kind, (500, "INTERNAL"))
+    code, status = GOOGLE_ERRORS.get(e.kind, (500, "INTERNAL"))
     if e.status is not None:
         code = 400 if e.status == 413 else e.status
-        status = _STATUS.get(code, "INTERNAL" if code >= 500 else "FAILED_PRECONDITION")
+        status = GOOGLE_STATUS_NAMES.get(code, "INTERNAL" if code >= 500 else "FAILED_PRECONDITION")
     return code, orjson.dumps({"error": {"code": code, "message": e.message, "status": status}})
 
 
 def count_tokens_response(n: int, route: Route) -> dict:
     return {"totalTokens": n}
-
-
-__all__ = ["PROTOCOL", "route", "session_key", "to_chat", "Encoder", "error_response", "count_tokens_response",
-           "provider_stop_reason", "stream_content_type", "STREAM_CONTENT_TYPE", "JSON_CONTENT_TYPE"]

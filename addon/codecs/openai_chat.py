@@ -10,6 +10,9 @@ DashScope hosts generate. Other paths on DashScope hosts and on api.openai.com a
 `/v1/responses…`, which belongs to the Responses codec (route returns None).
 
 Session key: Qwen Code sends `metadata.sessionId` in the body (FIELD-NOTES §3).
+
+Sections, in every codec's order (`base.Codec`): constants · route and session key · request (to_chat) ·
+response (provider_stop_reason, Encoder) · errors and token counts.
 """
 
 from __future__ import annotations
@@ -19,12 +22,8 @@ from typing import Any
 
 import orjson
 
-from polar.addon.provider_errors import OPENAI_ERRORS
-
 from polar.addon.codecs.base import (
     AgentInputError,
-    Notes,
-    is_number,
     ChatPlan,
     Completion,
     Delta,
@@ -34,6 +33,19 @@ from polar.addon.codecs.base import (
     SessionKey,
     ToolCallDelta,
 )
+from polar.addon.codecs.wire import (
+    Notes,
+    host_name,
+    is_int,
+    is_number,
+    number_between,
+    openai_error,
+    sse,
+)
+
+# ---------------------------------------------------------------------------------------------------------------
+# constants
+# ---------------------------------------------------------------------------------------------------------------
 
 PROTOCOL = "openai_chat"
 STREAM_CONTENT_TYPE = "text/event-stream; charset=utf-8"
@@ -44,42 +56,6 @@ DASHSCOPE_HOSTS = ("dashscope.aliyuncs.com", "dashscope-intl.aliyuncs.com")
 _GENERATE_PATHS = {OPENAI_HOST: "/v1/chat/completions"} | {h: "/compatible-mode/v1/chat/completions"
                                                            for h in DASHSCOPE_HOSTS}
 _RESPONSES_PREFIX = "/v1/responses"  # the Responses codec's
-
-# ---------------------------------------------------------------------------------------------------------------
-# route and session key
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def route(method: str, host: str, path: str, headers: Any = None) -> Route | None:
-    """Chat generation on the provider hosts; any other path there is `not_found` (a fast provider-shaped 404)."""
-    host = (host or "").lower().rstrip(".")
-    if host.endswith(":443"):
-        host = host[:-4]
-    if host not in _GENERATE_PATHS:
-        return None
-    bare = (path or "/").split("?", 1)[0].split("#", 1)[0]
-    if host == OPENAI_HOST and (bare == _RESPONSES_PREFIX or bare.startswith(_RESPONSES_PREFIX + "/")):
-        return None
-    if bare.rstrip("/") == _GENERATE_PATHS[host] and (method or "").upper() == "POST":
-        return Route(protocol=PROTOCOL, kind="generate")
-    return Route(protocol=PROTOCOL, kind="not_found")
-
-
-def session_key(headers: Any, body: dict | None) -> SessionKey | None:
-    """Qwen Code's `metadata.sessionId`; nothing else in a chat request names a session."""
-    if not isinstance(body, dict):
-        return None
-    metadata = body.get("metadata")
-    if isinstance(metadata, dict):
-        value = metadata.get("sessionId")
-        if isinstance(value, str) and value:
-            return SessionKey(source="harness:metadata.sessionId", value=value)
-    return None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# request: OpenAI chat -> OpenAI chat (validated)
-# ---------------------------------------------------------------------------------------------------------------
 
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 # Sampling and decoding fields passed on as the agent set them (the gateway fills defaults for the rest).
@@ -103,14 +79,60 @@ _DROPPED_NOTES = {
     "web_search_options": "dropped_server_tool:web_search",
     "verbosity": "dropped_verbosity",
 }
+_HANDLED_FIELDS = frozenset({
+    "model", "messages", "tools", "tool_choice", "parallel_tool_calls", "top_k", "seed", "logit_bias", "user",
+    "max_tokens", "max_completion_tokens", "stop", "response_format", "n", "logprobs", "top_logprobs", "stream",
+    "stream_options", "modalities", "audio", "enable_thinking", "thinking_budget", "reasoning_effort",
+    "chat_template_kwargs", "functions", "function_call", *_PASS_NUMBERS,
+})
+_MESSAGE_FIELDS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning",
+                             "refusal", "function_call"})
+
+DONE = b"data: [DONE]\n\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# route and session key
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def route(method: str, host: str, path: str, headers: Any = None) -> Route | None:
+    """Chat generation on the provider hosts; any other path there is `not_found` (a fast provider-shaped 404)."""
+    host = host_name(host)
+    if host not in _GENERATE_PATHS:
+        return None
+    bare = (path or "/").split("?", 1)[0].split("#", 1)[0]
+    if host == OPENAI_HOST and (bare == _RESPONSES_PREFIX or bare.startswith(_RESPONSES_PREFIX + "/")):
+        return None
+    if bare.rstrip("/") == _GENERATE_PATHS[host] and (method or "").upper() == "POST":
+        return Route(protocol=PROTOCOL, kind="generate")
+    return Route(protocol=PROTOCOL, kind="not_found")
+
+
+def session_key(headers: Any, body: dict | None) -> SessionKey | None:
+    """Qwen Code's `metadata.sessionId`; nothing else in a chat request names a session."""
+    if not isinstance(body, dict):
+        return None
+    metadata = body.get("metadata")
+    if isinstance(metadata, dict):
+        value = metadata.get("sessionId")
+        if isinstance(value, str) and value:
+            return SessionKey(source="harness:metadata.sessionId", value=value)
+    return None
+
+
+def stream_content_type(route: Route) -> str:
+    """Every chat stream is SSE."""
+    return STREAM_CONTENT_TYPE
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# request: OpenAI chat -> OpenAI chat (validated)
+# ---------------------------------------------------------------------------------------------------------------
 
 
 def _fail(message: str) -> AgentInputError:
     return AgentInputError(message)
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _clean_part(part: Any, where: str, allowed: tuple[str, ...], notes: Notes) -> dict:
@@ -240,10 +262,8 @@ def _message(m: Any, i: int, notes: Notes) -> dict:
         if not isinstance(name, str):
             raise _fail(f"{where}: 'name' must be a string")
         out["name"] = name
-    known = {"role", "content", "name", "tool_calls", "tool_call_id", "reasoning_content", "reasoning", "refusal",
-             "function_call"}
     for key, value in m.items():
-        if key not in known and value is not None:
+        if key not in _MESSAGE_FIELDS and value is not None:
             notes.add(f"dropped_message_field:{key}")
     return out
 
@@ -335,23 +355,11 @@ def _thinking(body: dict, notes: Notes) -> bool | None:
     return intent
 
 
-def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
-    """The agent's chat request, validated; raises AgentInputError (the provider's 400) on bad input."""
-    if not isinstance(body, dict):
-        raise _fail("the request body must be a JSON object")
-    notes = Notes()
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise _fail("'model' must be a string")
-
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise _fail("'messages' must be a non-empty list")
-    chat: dict[str, Any] = {"messages": [_message(m, i, notes) for i, m in enumerate(messages)]}
-    constrained = False
-
+def _tool_fields(body: dict, chat: dict, notes: Notes) -> bool:
+    """tools, tool_choice and parallel_tool_calls into `chat`; whether the choice forces a call."""
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise _fail("'functions'/'function_call' (the deprecated functions API) are not supported; use tools")
+    constrained = False
     tools = None
     if body.get("tools") is not None:
         tools = _tools(body["tools"], notes)
@@ -363,20 +371,21 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
         if not isinstance(body["parallel_tool_calls"], bool):
             raise _fail("'parallel_tool_calls' must be a boolean")
         chat["parallel_tool_calls"] = body["parallel_tool_calls"]
+    return constrained
 
+
+def _sampling(body: dict, chat: dict) -> None:
+    """The sampling and decoding fields the agent set, checked, into `chat`."""
     for key, (lo, hi) in _PASS_NUMBERS.items():
-        value = body.get(key)
-        if value is None:
-            continue
-        if not is_number(value) or not lo <= value <= hi:
-            raise _fail(f"'{key}' must be a number between {lo} and {hi}")
-        chat[key] = value
+        value = number_between(body, key, lo, hi)
+        if value is not None:
+            chat[key] = value
     if body.get("top_k") is not None:
-        if not _is_int(body["top_k"]) or (body["top_k"] < 1 and body["top_k"] != -1):
+        if not is_int(body["top_k"]) or (body["top_k"] < 1 and body["top_k"] != -1):
             raise _fail("'top_k' must be a positive integer or -1")
         chat["top_k"] = body["top_k"]
     if body.get("seed") is not None:
-        if not _is_int(body["seed"]):
+        if not is_int(body["seed"]):
             raise _fail("'seed' must be an integer")
         chat["seed"] = body["seed"]
     if body.get("logit_bias") is not None:
@@ -389,12 +398,15 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
             raise _fail("'user' must be a string")
         chat["user"] = body["user"]
 
+
+def _limits(body: dict, chat: dict, notes: Notes) -> None:
+    """max_tokens (or max_completion_tokens) and stop into `chat`."""
     max_tokens = body.get("max_tokens")
     if body.get("max_completion_tokens") is not None:
         max_tokens = body["max_completion_tokens"]  # the newer name wins, as on OpenAI
         notes.add("max_completion_tokens_as_max_tokens")
     if max_tokens is not None:
-        if not _is_int(max_tokens) or max_tokens < 1:
+        if not is_int(max_tokens) or max_tokens < 1:
             raise _fail("'max_tokens'/'max_completion_tokens' must be a positive integer")
         chat["max_tokens"] = max_tokens
 
@@ -407,29 +419,30 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
         if stop:
             chat["stop"] = stop
 
-    if body.get("response_format") is not None:
-        chat["response_format"], schema = _response_format(body["response_format"])
-        constrained = constrained or schema
 
+def _agent_logprobs(body: dict) -> int | None:
+    """The top-k the agent asked logprobs for itself (0 for chosen tokens only); None when it did not ask. `n` is
+    checked first: one generation per call."""
     n = body.get("n")
-    if n is not None and (not _is_int(n) or n < 1):
+    if n is not None and (not is_int(n) or n < 1):
         raise _fail("'n' must be a positive integer")
     if n is not None and n > 1:
         raise _fail("'n' > 1 is not supported: the gateway records one generation per call")
 
-    agent_top_logprobs = None
     logprobs = body.get("logprobs")
     top_logprobs = body.get("top_logprobs")
     if logprobs is not None and not isinstance(logprobs, bool):
         raise _fail("'logprobs' must be a boolean")
     if top_logprobs is not None:
-        if not _is_int(top_logprobs) or not 0 <= top_logprobs <= 20:
+        if not is_int(top_logprobs) or not 0 <= top_logprobs <= 20:
             raise _fail("'top_logprobs' must be an integer between 0 and 20")
         if not logprobs:
             raise _fail("'logprobs' must be true when 'top_logprobs' is set")
-    if logprobs:
-        agent_top_logprobs = top_logprobs or 0
+    return (top_logprobs or 0) if logprobs else None
 
+
+def _stream(body: dict) -> tuple[bool, bool]:
+    """(stream, include_usage), checked; then the output modalities, which must be text only."""
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -452,16 +465,33 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
         raise _fail("only the 'text' output modality is supported")
     if body.get("audio") is not None:
         raise _fail("audio output is not supported")
+    return stream, include_usage
 
+
+def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
+    """The agent's chat request, validated; raises AgentInputError (the provider's 400) on bad input."""
+    if not isinstance(body, dict):
+        raise _fail("the request body must be a JSON object")
+    notes = Notes()
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise _fail("'model' must be a string")
+
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _fail("'messages' must be a non-empty list")
+    chat: dict[str, Any] = {"messages": [_message(m, i, notes) for i, m in enumerate(messages)]}
+    constrained = _tool_fields(body, chat, notes)
+    _sampling(body, chat)
+    _limits(body, chat, notes)
+    if body.get("response_format") is not None:
+        chat["response_format"], schema = _response_format(body["response_format"])
+        constrained = constrained or schema
+    agent_top_logprobs = _agent_logprobs(body)
+    stream, include_usage = _stream(body)
     thinking = _thinking(body, notes)
-
-    handled = {"model", "messages", "tools", "tool_choice", "parallel_tool_calls", "top_k", "seed", "logit_bias",
-               "user", "max_tokens", "max_completion_tokens", "stop", "response_format", "n", "logprobs",
-               "top_logprobs", "stream", "stream_options", "modalities", "audio", "enable_thinking",
-               "thinking_budget", "reasoning_effort", "chat_template_kwargs", "functions", "function_call",
-               *_PASS_NUMBERS}
     for key, value in body.items():
-        if key in handled or value is None:
+        if key in _HANDLED_FIELDS or value is None:
             continue
         notes.add(_DROPPED_NOTES.get(key, f"dropped_field:{key}"))
 
@@ -507,36 +537,6 @@ def _usage(c: Completion) -> dict:
             "total_tokens": c.prompt_tokens + c.completion_tokens}
 
 
-def _dumps(obj: Any) -> bytes:
-    return orjson.dumps(obj)
-
-
-def _data(obj: Any) -> bytes:
-    return b"data: " + _dumps(obj) + b"\n\n"
-
-
-DONE = b"data: [DONE]\n\n"
-
-_ERRORS = OPENAI_ERRORS
-
-
-def _error_object(e: GatewayError) -> dict:
-    _, kind, code = _ERRORS.get(e.kind, _ERRORS["unavailable"])
-    param = "messages" if e.kind == "context_overflow" else None
-    return {"message": e.message, "type": kind, "param": param, "code": code}
-
-
-def error_response(e: GatewayError) -> tuple[int, bytes]:
-    """A failure before response headers, as OpenAI's error JSON (DESIGN §4 table)."""
-    status = e.status or _ERRORS.get(e.kind, _ERRORS["unavailable"])[0]
-    return status, _dumps({"error": _error_object(e)})
-
-
-def count_tokens_response(n: int, route: Route | None = None) -> dict:
-    """Chat Completions has no token-count endpoint (route never yields one); answered in the Responses shape."""
-    return {"object": "response.input_tokens", "input_tokens": n}
-
-
 class Encoder:
     """Backend chat chunks re-emitted as OpenAI `chat.completion.chunk` events, or one `chat.completion` body."""
 
@@ -549,6 +549,7 @@ class Encoder:
         self.started = False
         self.tool_started: set[int] = set()
         self.finish_reason: str | None = None
+        self.notes: list[str] = []  # nothing to note while re-emitting chat chunks
 
     # -- streaming -------------------------------------------------------------------------------------------
 
@@ -556,8 +557,8 @@ class Encoder:
         choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
         if self.top_k is not None and logprobs:
             choice["logprobs"] = {"content": [_logprob_entry(e, self.top_k) for e in logprobs], "refusal": None}
-        return _data({"id": self.id, "object": "chat.completion.chunk", "created": self.ctx.created,
-                      "model": self.ctx.model, "choices": [choice]})
+        return sse(None, orjson.dumps({"id": self.id, "object": "chat.completion.chunk", "created": self.ctx.created,
+                                       "model": self.ctx.model, "choices": [choice]}))
 
     def start(self) -> list[bytes]:
         """The role chunk, once."""
@@ -601,14 +602,15 @@ class Encoder:
         reason = provider_stop_reason(c) if c.finish_reason else (self.finish_reason or "stop")
         out.append(self._chunk({}, finish_reason=reason))
         if self.include_usage:
-            out.append(_data({"id": self.id, "object": "chat.completion.chunk", "created": self.ctx.created,
-                              "model": self.ctx.model, "choices": [], "usage": _usage(c)}))
+            out.append(sse(None, orjson.dumps({"id": self.id, "object": "chat.completion.chunk",
+                                               "created": self.ctx.created, "model": self.ctx.model, "choices": [],
+                                               "usage": _usage(c)})))
         out.append(DONE)
         return out
 
     def error(self, e: GatewayError) -> list[bytes]:
         """OpenAI's mid-stream error: one `data: {"error": …}` event and no [DONE]."""
-        return [_data({"error": _error_object(e)})]
+        return [sse(None, orjson.dumps({"error": openai_error(e, "messages")[1]}))]
 
     # -- non-streaming ---------------------------------------------------------------------------------------
 
@@ -636,3 +638,19 @@ class Encoder:
                          "finish_reason": provider_stop_reason(c)}],
             "usage": _usage(c),
         }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# errors and token counts
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def error_response(e: GatewayError) -> tuple[int, bytes]:
+    """A failure before response headers, as OpenAI's error JSON (DESIGN §4 table)."""
+    status, error = openai_error(e, "messages")
+    return status, orjson.dumps({"error": error})
+
+
+def count_tokens_response(n: int, route: Route | None = None) -> dict:
+    """Chat Completions has no token-count endpoint (route never yields one); answered in the Responses shape."""
+    return {"object": "response.input_tokens", "input_tokens": n}

@@ -28,6 +28,9 @@ HTTPS at once, FIELD-NOTES §3). Every other path on chatgpt.com and on api.open
 `/v1/chat/completions`, which belongs to the chat codec (route returns None).
 
 Session keys, in order: header `session-id` (Codex), header `session_id` (Pi), body `prompt_cache_key`.
+
+Sections, in every codec's order (`base.Codec`): constants · route and session key · request (to_chat) ·
+response (provider_stop_reason, Encoder) · errors and token counts.
 """
 
 from __future__ import annotations
@@ -39,12 +42,8 @@ from typing import Any
 
 import orjson
 
-from polar.addon.provider_errors import OPENAI_ERRORS
-
 from polar.addon.codecs.base import (
     AgentInputError,
-    Notes,
-    is_number,
     ChatPlan,
     Completion,
     Delta,
@@ -53,8 +52,20 @@ from polar.addon.codecs.base import (
     Route,
     SessionKey,
     ToolCallDelta,
+)
+from polar.addon.codecs.wire import (
+    Notes,
+    header,
+    host_name,
+    is_int,
+    number_between,
+    openai_error,
     sse,
 )
+
+# ---------------------------------------------------------------------------------------------------------------
+# constants
+# ---------------------------------------------------------------------------------------------------------------
 
 PROTOCOL = "openai_responses"
 STREAM_CONTENT_TYPE = "text/event-stream; charset=utf-8"
@@ -69,65 +80,6 @@ _CHAT_PATH = "/v1/chat/completions"  # the chat codec's
 DEFAULT_NAMESPACE = "functions"  # Codex's own namespace: its tools keep their bare names
 NAMESPACE_SEP = "__"
 ENCRYPTED_PREFIX = "polar:v1:"  # our reasoning encoding, so we know what we can read back
-
-# ---------------------------------------------------------------------------------------------------------------
-# route and session key
-# ---------------------------------------------------------------------------------------------------------------
-
-
-def _header(headers: Any, name: str) -> str | None:
-    """A header value from a mapping or a list of (name, value) pairs; names compared case-insensitively."""
-    if not headers:
-        return None
-    items = headers.items() if hasattr(headers, "items") else headers
-    for key, value in items:
-        if isinstance(key, bytes):
-            key = key.decode("latin-1")
-        if key.lower() == name:
-            return value.decode("latin-1") if isinstance(value, bytes) else str(value)
-    return None
-
-
-def route(method: str, host: str, path: str, headers: Any = None) -> Route | None:
-    """Responses generation (and its websocket upgrade, and token counting) on the provider hosts; any other path
-    there is `not_found` (a fast provider-shaped 404)."""
-    host = (host or "").lower().rstrip(".")
-    if host.endswith(":443"):
-        host = host[:-4]
-    if host not in _GENERATE_PATHS:
-        return None
-    bare = (path or "/").split("?", 1)[0].split("#", 1)[0]
-    if host == OPENAI_HOST and bare.rstrip("/") == _CHAT_PATH:
-        return None
-    method = (method or "").upper()
-    bare = bare.rstrip("/") or "/"
-    if bare == _GENERATE_PATHS[host]:
-        if method == "POST":
-            return Route(protocol=PROTOCOL, kind="generate")
-        upgrade = (_header(headers, "upgrade") or "").lower()
-        if method == "GET" and "websocket" in upgrade:
-            return Route(protocol=PROTOCOL, kind="websocket")
-    elif bare == _COUNT_PATHS.get(host) and method == "POST":
-        return Route(protocol=PROTOCOL, kind="count_tokens", stream=False)
-    return Route(protocol=PROTOCOL, kind="not_found")
-
-
-def session_key(headers: Any, body: dict | None) -> SessionKey | None:
-    """Codex's `session-id` header, Pi's `session_id` header, else the body's `prompt_cache_key`."""
-    for name in ("session-id", "session_id"):
-        value = _header(headers, name)
-        if value:
-            return SessionKey(source=f"harness:{name}", value=value)
-    if isinstance(body, dict):
-        key = body.get("prompt_cache_key")
-        if isinstance(key, str) and key:
-            return SessionKey(source="harness:prompt_cache_key", value=key)
-    return None
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# request: Responses -> OpenAI chat
-# ---------------------------------------------------------------------------------------------------------------
 
 _SERVER_TOOLS = ("web_search", "web_search_preview", "web_search_preview_2025_03_11", "web_search_2025_08_26",
                  "file_search", "computer_use_preview", "computer_use", "code_interpreter", "image_generation",
@@ -149,6 +101,56 @@ _INCLUDE_ENCRYPTED = "reasoning.encrypted_content"
 _INCLUDE_LOGPROBS = "message.output_text.logprobs"
 _NOTED_ITEMS = ("configuration_update",)  # Codex's turn settings; nothing for the model to see
 _MESSAGE_ROLES = ("user", "assistant", "system", "developer")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# route and session key
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def route(method: str, host: str, path: str, headers: Any = None) -> Route | None:
+    """Responses generation (and its websocket upgrade, and token counting) on the provider hosts; any other path
+    there is `not_found` (a fast provider-shaped 404)."""
+    host = host_name(host)
+    if host not in _GENERATE_PATHS:
+        return None
+    bare = (path or "/").split("?", 1)[0].split("#", 1)[0]
+    if host == OPENAI_HOST and bare.rstrip("/") == _CHAT_PATH:
+        return None
+    method = (method or "").upper()
+    bare = bare.rstrip("/") or "/"
+    if bare == _GENERATE_PATHS[host]:
+        if method == "POST":
+            return Route(protocol=PROTOCOL, kind="generate")
+        upgrade = (header(headers, "upgrade") or "").lower()
+        if method == "GET" and "websocket" in upgrade:
+            return Route(protocol=PROTOCOL, kind="websocket")
+    elif bare == _COUNT_PATHS.get(host) and method == "POST":
+        return Route(protocol=PROTOCOL, kind="count_tokens", stream=False)
+    return Route(protocol=PROTOCOL, kind="not_found")
+
+
+def session_key(headers: Any, body: dict | None) -> SessionKey | None:
+    """Codex's `session-id` header, Pi's `session_id` header, else the body's `prompt_cache_key`."""
+    for name in ("session-id", "session_id"):
+        value = header(headers, name)
+        if value:
+            return SessionKey(source=f"harness:{name}", value=value)
+    if isinstance(body, dict):
+        key = body.get("prompt_cache_key")
+        if isinstance(key, str) and key:
+            return SessionKey(source="harness:prompt_cache_key", value=key)
+    return None
+
+
+def stream_content_type(route: Route) -> str:
+    """Every Responses stream is SSE."""
+    return STREAM_CONTENT_TYPE
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# request: Responses -> OpenAI chat
+# ---------------------------------------------------------------------------------------------------------------
 
 
 def _fail(message: str) -> AgentInputError:
@@ -509,19 +511,17 @@ def _thinking(reasoning: Any) -> tuple[bool | None, dict | None]:
     return effort != "none", echo
 
 
-def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
-    """A Responses request as an OpenAI chat request; raises AgentInputError (the provider's 400) on bad input."""
-    if not isinstance(body, dict):
-        raise _fail("the request body must be a JSON object")
+def _refuse_stateful(body: dict) -> None:
+    """Stored responses, conversations, prompts and background runs need state this gateway does not keep."""
     for key, message in _STATEFUL_FIELDS.items():
         if body.get(key) not in (None, ""):
             raise _fail(message)
     if body.get("background"):
         raise _fail("background responses are not supported: this gateway stores no responses")
-    notes = Notes()
-    tools = _Tools(notes)
-    folder = _Folder(tools, notes)
 
+
+def _fold_input(body: dict, tools: _Tools, folder: _Folder) -> None:
+    """instructions, the agent's tools and its `input` items into `folder.messages` and `tools`."""
     instructions = body.get("instructions")
     if instructions is not None:
         if not isinstance(instructions, str):
@@ -542,7 +542,9 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
     if not folder.messages:
         raise _fail("the request has no input: send `input` (a string or a list of items)")
 
-    chat: dict[str, Any] = {"messages": folder.messages}
+
+def _tool_fields(body: dict, tools: _Tools, chat: dict, notes: Notes) -> bool:
+    """tools, tool_choice and parallel_tool_calls into `chat`; whether the choice constrains decoding."""
     choice, constrained = _tool_choice(body.get("tool_choice"), tools)
     if tools.chat:
         chat["tools"] = tools.chat
@@ -556,21 +558,24 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
             raise _fail("'parallel_tool_calls' must be a boolean")
         if tools.chat:
             chat["parallel_tool_calls"] = body["parallel_tool_calls"]
+    return constrained
+
+
+def _sampling(body: dict, chat: dict) -> None:
+    """temperature, top_p and max_output_tokens, checked, into `chat`."""
     for key, (low, high) in (("temperature", (0.0, 2.0)), ("top_p", (0.0, 1.0))):
-        value = body.get(key)
+        value = number_between(body, key, low, high)
         if value is not None:
-            if not is_number(value) or not low <= value <= high:
-                raise _fail(f"'{key}' must be a number between {low} and {high}")
             chat[key] = value
     max_out = body.get("max_output_tokens")
     if max_out is not None:
-        if not isinstance(max_out, int) or isinstance(max_out, bool) or max_out < 1:
+        if not is_int(max_out) or max_out < 1:
             raise _fail("'max_output_tokens' must be a positive integer")
         chat["max_tokens"] = max_out
-    response_format, constrained_format = _response_format(body.get("text"), notes)
-    if response_format is not None:
-        chat["response_format"] = response_format
 
+
+def _include(body: dict, notes: Notes) -> tuple[list, int | None]:
+    """(the `include` list, the top-k the agent asked logprobs for, None when it did not ask)."""
     include = body.get("include") or []
     if not isinstance(include, list):
         raise _fail("'include' must be a list")
@@ -583,17 +588,15 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
     for entry in include:
         if entry not in (_INCLUDE_ENCRYPTED, _INCLUDE_LOGPROBS):
             notes.add(f"dropped_include:{entry}")
-    thinking, reasoning_echo = _thinking(body.get("reasoning"))
-    if body.get("truncation") not in (None, "disabled"):
-        notes.add("dropped_truncation")  # "auto" would cut the context; the gateway answers overflow with a 400
-    for key in body:
-        if key not in _SILENT_FIELDS and key not in ("truncation",) and key not in _STATEFUL_FIELDS:
-            notes.add(f"dropped_field:{key}")
+    return include, agent_top_logprobs
 
-    model = body.get("model")
-    echo = {
+
+def _echo(body: dict, reasoning_echo: dict | None) -> dict:
+    """The request settings a Response object repeats back to the agent."""
+    instructions = body.get("instructions")
+    return {
         "instructions": instructions if isinstance(instructions, str) else None,
-        "max_output_tokens": max_out,
+        "max_output_tokens": body.get("max_output_tokens"),
         "parallel_tool_calls": body.get("parallel_tool_calls", True),
         "temperature": body.get("temperature"),
         "top_p": body.get("top_p"),
@@ -605,12 +608,39 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
         "metadata": body.get("metadata") if isinstance(body.get("metadata"), dict) else {},
         "truncation": body.get("truncation") or "disabled",
     }
+
+
+def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
+    """A Responses request as an OpenAI chat request; raises AgentInputError (the provider's 400) on bad input."""
+    if not isinstance(body, dict):
+        raise _fail("the request body must be a JSON object")
+    _refuse_stateful(body)
+    notes = Notes()
+    tools = _Tools(notes)
+    folder = _Folder(tools, notes)
+    _fold_input(body, tools, folder)
+
+    chat: dict[str, Any] = {"messages": folder.messages}
+    constrained = _tool_fields(body, tools, chat, notes)
+    _sampling(body, chat)
+    response_format, constrained_format = _response_format(body.get("text"), notes)
+    if response_format is not None:
+        chat["response_format"] = response_format
+    include, agent_top_logprobs = _include(body, notes)
+    thinking, reasoning_echo = _thinking(body.get("reasoning"))
+    if body.get("truncation") not in (None, "disabled"):
+        notes.add("dropped_truncation")  # "auto" would cut the context; the gateway answers overflow with a 400
+    for key in body:
+        if key not in _SILENT_FIELDS and key not in ("truncation",) and key not in _STATEFUL_FIELDS:
+            notes.add(f"dropped_field:{key}")
+
+    model = body.get("model")
     extra = {
         "thinking": thinking,
         "reasoning_effort": (reasoning_echo or {}).get("effort"),
         "tool_names": tools.names,
         "encrypted_reasoning": _INCLUDE_ENCRYPTED in include,
-        "echo": echo,
+        "echo": _echo(body, reasoning_echo),
     }
     return ChatPlan(chat=chat, stream=bool(body.get("stream")), model_requested=model if isinstance(model, str)
                     else None, normalizations=tuple(notes.items), agent_top_logprobs=agent_top_logprobs,
@@ -618,7 +648,7 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# response: chat stream -> Responses events
+# response: chat stream -> Responses events, Response object
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -763,6 +793,7 @@ class Encoder:
         self.open_text: dict | None = None  # the open reasoning or message item
         self.tools: dict[int, dict] = {}  # backend tool index -> item
         self.pending_tools: dict[int, dict] = {}  # backend tool index -> {"id", "args"} until a name arrives
+        self.notes: list[str] = []  # nothing to note while encoding Responses events
 
     # -- shapes ----------------------------------------------------------------------------------------------
 
@@ -1023,18 +1054,13 @@ class Encoder:
 # errors and token counts
 # ---------------------------------------------------------------------------------------------------------------
 
-_ERRORS = OPENAI_ERRORS
-
 
 def error_response(e: GatewayError) -> tuple[int, bytes]:
     """A failure before response headers, as OpenAI's error JSON (DESIGN §4 table)."""
-    status, kind, code = _ERRORS.get(e.kind, _ERRORS["unavailable"])
-    param = "input" if e.kind == "context_overflow" else None
-    body = {"error": {"message": e.message, "type": kind, "param": param, "code": code}}
-    return e.status or status, orjson.dumps(body)
+    status, error = openai_error(e, "input")
+    return status, orjson.dumps({"error": error})
 
 
 def count_tokens_response(n: int, route: Route | None = None) -> dict:
     """`POST /v1/responses/input_tokens`: the prompt's token count."""
     return {"object": "response.input_tokens", "input_tokens": n}
-

@@ -100,7 +100,7 @@ def variant(body: dict, *, stream: bool, max_tokens: int | None = None, paced: b
 def upstream_chat(body: dict, model: str, max_model_len: int, stream: bool) -> dict:
     """What our gateway sends upstream for `body` (codec + shaping), as the direct run's request."""
     from polar.addon.codecs import anthropic
-    from polar.addon.upstream import BackendInfo, shape
+    from polar.addon.shaping import BackendInfo, shape
 
     route = anthropic.route("POST", "api.anthropic.com", "/v1/messages", [])
     plan = anthropic.to_chat(body, route)

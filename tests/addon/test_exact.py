@@ -21,7 +21,8 @@ import pytest
 
 from polar.addon import exact as ex
 from polar.addon import record as rec
-from polar.addon.upstream import BackendInfo, Shaped
+from polar.addon.backend import Backend
+from polar.addon.shaping import BackendInfo, Shaped, shape
 
 pytestmark = pytest.mark.unit
 
@@ -176,14 +177,22 @@ def test_6_2_no_compact_form_when_the_prompt_does_not_start_with_the_parents():
     assert r["prompt_ref"] == {"id": "p1", "len": 4} and rec.unpack_ids(r["prompt_tail_ids"]) == [3]
 
 
-class _Backend:
-    def __init__(self, handler):
-        self.base_url, self.root_url = "http://b/v1", "http://b"
-        self.client = httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=httpx.Timeout(5.0))
+def _Backend(handler) -> Backend:
+    """The real backend client (its /tokenize and probe requests) over a mock transport."""
+    backend = Backend("http://b/v1", "m", "vllm", None, 5.0)
+    backend.client = httpx.AsyncClient(transport=httpx.MockTransport(handler), timeout=httpx.Timeout(5.0))
+    return backend
 
 
 def _shaped(messages):
     return Shaped({"model": "m", "messages": messages, "max_tokens": 50}, {"max_tokens": 50}, [])
+
+
+def _final(shaped_draft, turn):
+    """What the driver sends: shaping given exact mode's prompt ids (it clamps max_tokens to them)."""
+    return shape({k: v for k, v in shaped_draft.body.items() if k != "model"}, backend=INFO, agent_top_logprobs=None,
+                 logprobs_mode="raw_logprobs", sampling_override={}, thinking=None, thinking_kwarg=None,
+                 prompt_ids=turn.sent)
 
 
 INFO = BackendInfo("vllm", "0.32.0", "m", 64)
@@ -202,17 +211,19 @@ def test_7_1_prepare_splices_with_a_known_parent_and_falls_back_otherwise():
     mode.cache.add("s", _turn("t1", [USER], reply, [1, 10, 2, 3, 1, 11, 3], [40, 41, 42, EOT],
                               key=ex.settings_key("m", {})))
     shaped = _shaped([USER, reply, {"role": "user", "content": "more"}])
-    turn = _run(mode.prepare(backend, INFO, shaped, "s"))
+    turn = _run(mode.prepare(backend, INFO, shaped.body, "s"))
     assert turn.meta["path"] == "exact" and turn.meta["parent"] == "t1"
-    assert shaped.body["kv_transfer_params"]["prompt_token_ids"] == [1, 10, 2, 3, 1, 11, 3, 40, 41, 42, EOT,
-                                                                     3, 1, 12, EOT, 3, 1, 11, 3]
-    assert shaped.body["max_tokens"] == 64 - 19 and "max_tokens_clamped:50->45" in shaped.normalizations
+    assert turn.sent == [1, 10, 2, 3, 1, 11, 3, 40, 41, 42, EOT, 3, 1, 12, EOT, 3, 1, 11, 3]
+    assert "kv_transfer_params" not in shaped.body  # prepare hands ids to shaping; it edits nothing
+    final = _final(shaped, turn)
+    assert final.body["kv_transfer_params"]["prompt_token_ids"] == turn.sent
+    assert final.body["max_tokens"] == 64 - 19 and "max_tokens_clamped:50->45" in final.normalizations
     # other session: no parent; edited history: history_edited; same history in a session with other tools
     for session, messages, reason in [("t", shaped.body["messages"], "no_parent"),
                                       ("s", [USER, {"role": "assistant", "content": "xyz"}, USER], "history_edited")]:
         s2 = _shaped(messages)
-        t = _run(mode.prepare(backend, INFO, s2, session))
-        assert t.meta["fallback_reason"] == reason and "kv_transfer_params" not in s2.body
+        t = _run(mode.prepare(backend, INFO, s2.body, session))
+        assert t.meta["fallback_reason"] == reason and t.sent is None
 
 
 def test_7_2_backend_trouble_is_a_fallback_reason():
@@ -224,23 +235,24 @@ def test_7_2_backend_trouble_is_a_fallback_reason():
 
     def down(req):
         raise httpx.ConnectError("refused")
-    t = _run(mode.prepare(_Backend(down), INFO, _shaped(messages), "s"))
+    t = _run(mode.prepare(_Backend(down), INFO, _shaped(messages).body, "s"))
     assert t.meta["fallback_reason"] == "probe_error" and key not in mode.probes  # retried at the next call
     mode.probes[key] = ex.ProbeResult(True, eot=EOT)
-    t = _run(mode.prepare(_Backend(down), INFO, _shaped(messages), "s"))
+    t = _run(mode.prepare(_Backend(down), INFO, _shaped(messages).body, "s"))
     assert t.meta["fallback_reason"] == "render_failed" and t.meta["parent"] == "t1"
     few = _Backend(lambda req: httpx.Response(200, json={"tokens": [1, 2, 40, 7]}))
-    assert _run(mode.prepare(few, INFO, _shaped(messages), "s")).meta["fallback_reason"] == "boundary_not_found"
+    assert _run(mode.prepare(few, INFO, _shaped(messages).body, "s")).meta["fallback_reason"] == "boundary_not_found"
     mode.probes[key] = ex.ProbeResult(False, message="no")
-    assert _run(mode.prepare(few, INFO, _shaped(messages), "s")).meta["fallback_reason"] == "mode_refused"
+    assert _run(mode.prepare(few, INFO, _shaped(messages).body, "s")).meta["fallback_reason"] == "mode_refused"
 
 
 def test_7_3_finish_checks_the_echo_and_commit_caches():
     mode = ex.ExactMode()
     parent = _turn("t1", [USER], {"role": "assistant", "content": "a"}, [1, 2], [40, EOT])
     turn = ex.ExactTurn("s", b"k", [ex.MsgKey.of(USER)], {"path": "exact", "fallback_reason": None}, parent,
-                        sent=[1, 2, 40, EOT, 3], record_body={"kv_transfer_params": {"prompt_token_ids": ex.ELIDED_IDS}})
-    r = _record("t2", [1, 2, 40, EOT, 3], [5, EOT], upstream_request=b"{}", assistant={"content": "b"})
+                        sent=[1, 2, 40, EOT, 3])
+    sent = orjson.dumps({"messages": [], "kv_transfer_params": {"prompt_token_ids": [1, 2, 40, EOT, 3]}})
+    r = _record("t2", [1, 2, 40, EOT, 3], [5, EOT], upstream_request=sent, assistant={"content": "b"})
     mode.finish(turn, r, [1, 2, 40, EOT, 3])
     assert r["exact"]["path"] == "exact" and r["prompt_ref"] == {"id": "t1", "len": 4}
     assert orjson.loads(r["upstream_request"])["kv_transfer_params"]["prompt_token_ids"] == ex.ELIDED_IDS
@@ -270,6 +282,6 @@ def test_7_4_a_first_call_is_a_new_conversation_never_an_edit():
         ("s", [other, reply, USER], "history_edited"),   # cached turns, none a prefix
     ]:
         shaped = _shaped(messages)
-        t = _run(mode.prepare(backend, INFO, shaped, session))
+        t = _run(mode.prepare(backend, INFO, shaped.body, session))
         assert (t.meta["path"], t.meta["fallback_reason"], t.parent) == ("normal", reason, None), (session, messages)
-        assert "kv_transfer_params" not in shaped.body
+        assert t.sent is None

@@ -165,3 +165,212 @@ def test_3_1_proxy_credentials_name_the_session(addon):
                     req=http.Request.make("POST", "https://api.anthropic.com/v1/messages", b"{}"))
     gw.request(f)
     assert gw.pending[f.id].conn_user == "sess/42"
+
+
+# -- 4. the diverted path: next_layer decisions, the hop handoff, the agent's request as a PendingCall ---------------
+
+def client_hello_bytes(sni: str) -> bytes:
+    """A real TLS ClientHello (Python's ssl) naming `sni`."""
+    import ssl
+
+    out = ssl.MemoryBIO()
+    tls_obj = ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), out, server_hostname=sni)
+    try:
+        tls_obj.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    return out.read()
+
+
+def tunnel_nextlayer(tctx, host, port, data=None, sni=None):
+    """The NextLayer mitmproxy asks about for a CONNECT tunnel's content: [HttpProxy, HttpLayer, HttpStream]."""
+    from mitmproxy.proxy import events, layer
+    from mitmproxy.proxy.layers import HttpLayer, modes
+    from mitmproxy.proxy.layers.http import HTTPMode, HttpStream
+
+    client = connection.Client(peername=("127.0.0.1", 5555), sockname=("127.0.0.1", 8080))
+    ctx = context.Context(client, tctx.options)
+    ctx.server = connection.Server(address=(host, port))
+    modes.HttpProxy(ctx)
+    HttpLayer(ctx, HTTPMode.regular)
+    stream_ctx = ctx.fork()
+    HttpStream(stream_ctx, 1)
+    nl = layer.NextLayer(stream_ctx)
+    nl.events.append(events.DataReceived(client, client_hello_bytes(sni or host) if data is None else data))
+    return nl
+
+
+def test_4_1_a_provider_tunnel_is_diverted_to_the_endpoint_below_mitmproxys_http_layer(addon):
+    from mitmproxy.proxy.layers import ClientTLSLayer, TCPLayer
+
+    gw, tctx = addon
+    nl = tunnel_nextlayer(tctx, "api.anthropic.com", 443)
+    gw.next_layer(nl)
+    assert isinstance(nl.layer, ClientTLSLayer) and isinstance(nl.layer.child_layer, TCPLayer)
+    relay = nl.layer.child_layer
+    assert relay.flow is None  # ignore=True: no TCP flow, no tcp_* hooks
+    assert relay.context.server.address == ("127.0.0.1", 45678)  # the hop goes to the endpoint only
+    assert nl.context.server.address == ("api.anthropic.com", 443)  # the certificate still names the provider
+    assert nl.context.client.alpn == b"http/1.1"
+    assert gw.tunnels[nl.context.client.id] == (relay.context.server.id, "api.anthropic.com", 443)
+    # tls_clienthello (the same context) still decrypts it: nothing there changed.
+    hello = clienthello("api.anthropic.com", 443, "api.anthropic.com")
+    hello.context = nl.context
+    gw.tls_clienthello(hello)
+    assert hello.ignore_connection is False
+
+
+@pytest.mark.parametrize("host,port,sni,diverted", [
+    ("127.0.0.1", 443, "api.anthropic.com", True),  # CONNECT by address, provider SNI: tls_clienthello's rule
+    ("API.Anthropic.COM", 443, "x.test", True),  # the CONNECT host decides alone, in any case
+    ("example.com", 443, "example.com", False),
+    ("api.anthropic.com.evil.test", 443, "api.anthropic.com.evil.test", False),  # look-alike
+    ("api.anthropic.com", 8443, "api.anthropic.com", False),  # wrong port
+    ("127.0.0.1", 8443, "api.anthropic.com", False),  # provider SNI on a port that is not listed
+])
+def test_4_2_the_divert_decision_is_the_exact_host_and_port_rule(addon, host, port, sni, diverted):
+    gw, tctx = addon
+    nl = tunnel_nextlayer(tctx, host, port, sni=sni)
+    gw.next_layer(nl)
+    assert (nl.layer is not None) is diverted
+    assert (nl.context.client.id in gw.tunnels) is diverted
+
+
+def test_4_3_what_is_not_diverted_is_left_to_the_built_in_stack(addon):
+    from mitmproxy.proxy import layer
+    from mitmproxy.proxy.layers import modes
+
+    gw, tctx = addon
+    hello = client_hello_bytes("api.anthropic.com")
+    # an SNI-only match whose ClientHello is not complete yet: the HTTP path decrypts it as before
+    nl = tunnel_nextlayer(tctx, "127.0.0.1", 443, data=hello[:40])
+    gw.next_layer(nl)
+    assert nl.layer is None
+    # not TLS (plain HTTP inside the tunnel)
+    nl = tunnel_nextlayer(tctx, "api.anthropic.com", 443, data=b"POST /v1/messages HTTP/1.1\r\n")
+    gw.next_layer(nl)
+    assert nl.layer is None
+    # not a CONNECT tunnel's content (the proxy connection itself: [HttpProxy])
+    client = connection.Client(peername=("127.0.0.1", 5555), sockname=("127.0.0.1", 8080))
+    ctx = context.Context(client, tctx.options)
+    ctx.server = connection.Server(address=("api.anthropic.com", 443))
+    modes.HttpProxy(ctx)
+    nl = layer.NextLayer(ctx)
+    gw.next_layer(nl)
+    assert nl.layer is None
+    # a layer another addon set is never replaced
+    nl = tunnel_nextlayer(tctx, "api.anthropic.com", 443)
+    marker = object()
+    nl.layer = marker
+    gw.next_layer(nl)
+    assert nl.layer is marker and not gw.tunnels
+
+
+@pytest.mark.parametrize("why", ["polar_divert=false", "failing closed", "endpoint not running"])
+def test_4_4_no_diversion_when_switched_off_failing_closed_or_without_an_endpoint(addon, why):
+    gw, tctx = addon
+    if why == "polar_divert=false":
+        tctx.configure(gw, polar_divert=False)
+    elif why == "failing closed":
+        tctx.configure(gw, polar_backend="triton")
+        assert gw.failure is not None
+    else:
+        gw.endpoint.port = None
+    nl = tunnel_nextlayer(tctx, "api.anthropic.com", 443)
+    gw.next_layer(nl)
+    assert nl.layer is None and not gw.tunnels
+    if why == "failing closed":  # the request hook then answers: the provider's 503 shape
+        flow = provider_flow()
+        gw.request(flow)
+        assert flow.response.status_code == 529
+
+
+def test_4_5_server_connected_hands_each_hop_to_the_endpoint_with_who_is_behind_it(addon):
+    from mitmproxy.proxy import server_hooks
+
+    gw, tctx = addon
+    token = base64.b64encode(b"sess%2F42:x").decode()
+    nl = tunnel_nextlayer(tctx, "api.anthropic.com", 443)
+    client = nl.context.client
+    connect = tflow.tflow(client_conn=client, req=http.Request.make(
+        "CONNECT", "https://api.anthropic.com:443/", b"", {"proxy-authorization": f"Basic {token}"}))
+    gw.http_connect(connect)
+    gw.next_layer(nl)
+    hop = nl.layer.child_layer.context.server
+    hop.sockname = ("127.0.0.1", 40001)
+    gw.server_connected(server_hooks.ServerConnectionHookData(server=hop, client=client))
+    handed = gw.endpoint._handed[("127.0.0.1", 40001)]
+    assert (handed.conn_id, handed.conn_user, handed.host, handed.port, handed.diverted) == (
+        client.id, "sess/42", "api.anthropic.com", 443, True)
+    # a rerouted flow's hop to the endpoint (the fallback) is handed too, as a token connection
+    other = connection.Server(address=("127.0.0.1", 45678), sockname=("127.0.0.1", 40002))
+    gw.server_connected(server_hooks.ServerConnectionHookData(server=other, client=client))
+    assert gw.endpoint._handed[("127.0.0.1", 40002)].diverted is False
+    # anything else is not the endpoint's business
+    real = connection.Server(address=("api.anthropic.com", 443), sockname=("127.0.0.1", 40003))
+    gw.server_connected(server_hooks.ServerConnectionHookData(server=real, client=client))
+    assert ("127.0.0.1", 40003) not in gw.endpoint._handed
+    gw.server_disconnected(server_hooks.ServerConnectionHookData(server=hop, client=client))
+    assert ("127.0.0.1", 40001) not in gw.endpoint._handed
+    gw.client_disconnected(client)
+    assert client.id not in gw.tunnels and client.id not in gw.conn_users
+
+
+def _diverted_request(headers, body=b'{"x":1}', target="/v1/messages", too_large=False, conn_user="sess"):
+    from polar.addon.endpoint import Handoff, Request
+
+    handoff = Handoff(conn_id="c1", conn_user=conn_user, host="api.anthropic.com", port=443)
+    return Request(handoff, "POST", target, [(k.encode(), v.encode()) for k, v in headers], body, too_large)
+
+
+def test_4_6_the_agents_request_becomes_the_pending_call_the_request_hook_builds(addon):
+    import gzip
+
+    gw, _ = addon
+    headers = [("Host", "api.anthropic.com"), ("X-Api-Key", "sk-secret"), ("Expect", "100-continue"),
+               ("Content-Encoding", "gzip"), ("content-type", "application/json")]
+    p = gw._pending_from(_diverted_request(headers, gzip.compress(b'{"x":1}')))
+    assert (p.conn_id, p.conn_user, p.host, p.port, p.method, p.path) == (
+        "c1", "sess", "api.anthropic.com", 443, "POST", "/v1/messages")
+    assert p.headers == [h for h in headers if h[0] != "Expect"]  # mitmproxy answers and drops Expect too
+    assert p.body == b'{"x":1}' and p.content_encoding == "gzip" and p.decode_error is None
+    assert p.record_id and p.t_start > 0
+    # the same request through the request hook
+    f = provider_flow(headers={k: v for k, v in headers if k != "Expect"}, body=b'{"x":1}')  # make() encodes it
+    gw.request(f)
+    hooked = gw.pending[f.id]
+    assert (hooked.host, hooked.port, hooked.path, hooked.body, hooked.content_encoding) == (
+        p.host, p.port, p.path, p.body, p.content_encoding)
+
+
+def test_4_7_key_stripping_host_header_bad_encoding_and_the_size_cap(addon):
+    gw, _ = addon
+    target = "/v1beta/models/m:streamGenerateContent?alt=sse&key=AIzaSECRET"
+    p = gw._pending_from(_diverted_request([("host", "generativelanguage.googleapis.com:443")], target=target))
+    assert p.path == "/v1beta/models/m:streamGenerateContent?alt=sse" and p.raw_path == target
+    assert p.host == "generativelanguage.googleapis.com"  # the Host header's name, as pretty_host
+    p = gw._pending_from(_diverted_request([("content-encoding", "gzip")], body=b"\x1f\x8b not gzip"))
+    assert p.decode_error == "cannot decode content-encoding 'gzip'" and p.host == "api.anthropic.com"
+    big = b"\x1f\x8b" + b"x" * 100
+    p = gw._pending_from(_diverted_request([("content-encoding", "gzip")], body=big, too_large=True))
+    assert p.body == big and p.decode_error is None  # refused on its size by handle_call, never decoded
+    p = gw._pending_from(_diverted_request([("proxy-authorization", "Basic " + base64.b64encode(b"s2:x").decode())],
+                                           conn_user=None))
+    assert p.conn_user == "s2"
+
+
+def test_4_8_a_diverted_call_on_a_gateway_gone_failing_closed_gets_the_providers_503(addon):
+    import asyncio
+
+    gw, tctx = addon
+    tctx.configure(gw, polar_backend="triton")
+
+    class Capture:
+        async def respond(self, status, headers, body):
+            self.answer = (status, headers, body)
+
+    cap = Capture()
+    asyncio.run(gw._serve(_diverted_request([("host", "api.anthropic.com")]), cap))
+    status, headers, body = cap.answer
+    assert status == 529 and b"overloaded_error" in body and b"misconfigured" in body
+    assert gw.served == {"diverted": 0, "rerouted": 0}

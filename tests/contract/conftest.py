@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from tests.support.gateway import GatewayHandle, start_gateway
+from tests.support.gateway import GatewayHandle, relayed_gateway
 from tests.support.recording_relay import Exchange, RecordingRelay
 
 # Context of both contract backends (see the module docstring).
@@ -90,20 +90,11 @@ def _vllm():
 def contract(request, tokenizer_dir, tmp_path_factory) -> ContractBackend:
     name = request.param
     root, model, max_len, stop_backend = _scripted(tokenizer_dir) if name == "scripted" else _vllm()
-    relay = RecordingRelay(root)
-    relay.start()
-    base = tmp_path_factory.mktemp(f"contract-{name}")
     try:
-        gateway = start_gateway(relay.base_url, str(base / "run"), str(base / "flows"))
-    except Exception:
-        relay.stop()
+        with relayed_gateway(root, tmp_path_factory.mktemp(f"contract-{name}")) as (relay, gateway):
+            yield ContractBackend(name, root, model, max_len, relay, gateway)
+    finally:
         stop_backend()
-        raise
-    backend = ContractBackend(name, root, model, max_len, relay, gateway)
-    yield backend
-    gateway.stop()
-    relay.stop()
-    stop_backend()
 
 
 @pytest.fixture

@@ -8,8 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tests.contract.test_contract import AGENTS, PROTOCOLS
-from tests.support.gateway import start_gateway
-from tests.support.recording_relay import RecordingRelay
+from tests.support.gateway import relayed_gateway
 from tests.support.scripted_upstream import ScriptedUpstream
 
 pytestmark = pytest.mark.integration
@@ -17,17 +16,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def new_vllm(tokenizer_dir, tmp_path_factory):
-    up = ScriptedUpstream(tokenizer_dir, version="0.33.1")
-    up.start()
-    relay = RecordingRelay(up.root_url)
-    relay.start()
-    base = tmp_path_factory.mktemp("vllm-033")
-    gateway = start_gateway(relay.base_url, str(base / "run"), str(base / "flows"),
-                            sets=["polar_logprobs_mode=processed_logprobs"])
-    yield up, relay, gateway
-    gateway.stop()
-    relay.stop()
-    up.stop()
+    with ScriptedUpstream(tokenizer_dir, version="0.33.1") as up, \
+            relayed_gateway(up.root_url, tmp_path_factory.mktemp("vllm-033"),
+                            sets=["polar_logprobs_mode=processed_logprobs"]) as (relay, gateway):
+        yield up, relay, gateway
 
 
 @pytest.mark.parametrize("mode", ["json", "stream"])

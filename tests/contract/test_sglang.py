@@ -24,7 +24,7 @@ import pytest
 
 from polar.addon import record as rec
 from tests.contract.test_contract import AGENTS, PROTOCOLS, expected_stop
-from tests.support.gateway import start_gateway
+from tests.support.gateway import relayed_gateway
 from tests.support.recording_relay import RecordingRelay
 from tests.support.scripted_upstream import Reply
 from tests.support.sglang_upstream import INPUT_IDS_HEADER, OUTPUT_IDS_HEADER, SGLANG_VERSION, SGLangUpstream
@@ -39,17 +39,10 @@ class _SGLangStack:
 
 @pytest.fixture(scope="module", params=["auto", "sglang"])
 def sglang(request, tokenizer_dir, tmp_path_factory):
-    up = SGLangUpstream(tokenizer_dir)
-    up.start()
-    relay = RecordingRelay(up.root_url)
-    relay.start()
-    base = tmp_path_factory.mktemp(f"sglang-{request.param}")
-    gateway = start_gateway(relay.base_url, str(base / "run"), str(base / "flows"),
-                            sets=[f"polar_backend={request.param}"])
-    yield _SGLangStack(up, relay, gateway)
-    gateway.stop()
-    relay.stop()
-    up.stop()
+    with SGLangUpstream(tokenizer_dir) as up, \
+            relayed_gateway(up.root_url, tmp_path_factory.mktemp(f"sglang-{request.param}"),
+                            sets=[f"polar_backend={request.param}"]) as (relay, gateway):
+        yield _SGLangStack(up, relay, gateway)
 
 
 @pytest.fixture

@@ -45,13 +45,10 @@ def vllm_gateway(tmp_path_factory):
     # A later --generation-config wins over the one scripts/vllm passes.
     server = start_vllm("tiny", extra=("--generation-config", str(gen)))
     try:
-        handle = start_gateway(server.base_url, str(base / "run"), str(base / "flows"))
-    except Exception:
+        with start_gateway(server.base_url, str(base / "run"), str(base / "flows")) as handle:
+            yield server, handle
+    finally:
         stop_vllm(server)
-        raise
-    yield server, handle
-    handle.stop()
-    stop_vllm(server)
 
 
 @pytest.mark.parametrize("harness,provider,model,protocol", CASES,

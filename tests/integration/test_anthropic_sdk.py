@@ -18,9 +18,10 @@ import msgpack
 import pytest
 from anthropic.types import Message
 
-from polar.addon import record as rec
-from tests.support.scripted_upstream import Reply
 from tests.support.captures import capture_files
+from tests.support.records import assert_tokens_match, one_record
+from tests.support.scripted_upstream import Reply
+from tests.support.sdk import anthropic_sdk
 
 pytestmark = pytest.mark.integration
 
@@ -33,24 +34,11 @@ BACKEND_ONLY = (b"token_ids", b"prompt_token_ids", b"system_fingerprint", b"chat
 
 
 def http2(gateway, session: str | None) -> httpx2.Client:
-    return httpx2.Client(proxy=gateway.proxy_url(session), verify=gateway.ssl_context(), trust_env=False,
-                         timeout=60)
+    return gateway.sdk_http_client(session, timeout=60)
 
 
 def sdk(gateway, session: str | None = "claude-session", **kw) -> anthropic.Anthropic:
-    return anthropic.Anthropic(api_key=KEY, max_retries=0, http_client=http2(gateway, session), **kw)
-
-
-def one_record(gateway) -> dict:
-    records = gateway.records()
-    assert len(records) == 1, [r.get("error") for r in records]
-    return records[0]
-
-
-def assert_tokens_match(record: dict, upstream, index: int = -1) -> None:
-    truth = upstream.responses[index]
-    assert rec.token_ids(record, "prompt_token_ids") == truth.prompt_token_ids
-    assert rec.token_ids(record, "completion_token_ids") == truth.completion_ids
+    return anthropic_sdk(gateway, session, api_key=KEY, **kw)
 
 
 def assert_no_secret(record: dict) -> None:

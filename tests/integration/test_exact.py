@@ -12,6 +12,7 @@ vLLM's tokens-in chat (tests/support/exact_upstream.py), then polar-process on t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from polar.processor.cli import main as polar_process
 from tests.support.exact_upstream import ExactUpstream
 from tests.support.gateway import start_gateway
 from tests.support.scripted_upstream import Reply
+from tests.support.sdk import openai_sdk
 
 pytestmark = pytest.mark.integration
 
@@ -34,37 +36,28 @@ BASH = {"type": "function", "function": {"name": "bash", "description": "Run a s
                                                         "required": ["command"]}}}
 
 
-def _start(tmp_path_factory, tokenizer_dir, name: str, honour: bool = True):
-    up = ExactUpstream(tokenizer_dir, honour_prompt_ids=honour)
-    up.start()
+@contextlib.contextmanager
+def _started(tmp_path_factory, tokenizer_dir, name: str, honour: bool = True):
     base = tmp_path_factory.mktemp(name)
-    gw = start_gateway(up.base_url, str(base / "run"), str(base / "flows"), sets=["polar_exact=true"])
-    return up, gw
+    with ExactUpstream(tokenizer_dir, honour_prompt_ids=honour) as up, \
+            start_gateway(up.base_url, str(base / "run"), str(base / "flows"), sets=["polar_exact=true"]) as gw:
+        yield up, gw
 
 
 @pytest.fixture(scope="module")
 def exact_env(tmp_path_factory, tokenizer_dir):
-    up, gw = _start(tmp_path_factory, tokenizer_dir, "exact")
-    yield up, gw
-    gw.stop()
-    up.stop()
+    with _started(tmp_path_factory, tokenizer_dir, "exact") as (up, gw):
+        yield up, gw
 
 
 @pytest.fixture
 def env(exact_env):
     up, gw = exact_env
     up.reset()
-    _client(gw, "warmup").chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+    openai_sdk(gw, "warmup").chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
     up.reset()  # the probe ran at the first call ever: scripts below are consumed by the test's own calls
     gw.mark()
     return up, gw
-
-
-def _client(gw, session: str):
-    import openai
-
-    return openai.OpenAI(api_key="sk-test", base_url="https://api.openai.com/v1", max_retries=0,
-                         http_client=gw.sdk_http_client(session))
 
 
 def _split(tok, text: str) -> list[int]:
@@ -102,7 +95,7 @@ def test_1_1_second_turn_is_spliced_from_the_sampled_ids(env):
     eot = tok.token_to_id("<|im_end|>")
     sampled = _split(tok, "Sure thing")
     up.script(Reply(ids=sampled + [eot]), Reply(text="Done."))
-    client = _client(gw, "s11")
+    client = openai_sdk(gw, "s11")
     msgs = [{"role": "user", "content": "hello"}]
     r1 = client.chat.completions.create(model="gpt-4o", messages=msgs)
     assert r1.choices[0].message.content == "Sure thing"
@@ -132,7 +125,7 @@ def test_1_2_a_turn_cut_by_max_tokens_gets_the_templates_end_of_turn(env):
     tok = up.tokenizer
     eot = tok.token_to_id("<|im_end|>")
     up.script(Reply(text="one two three four five six"), Reply(text="ok"))
-    client = _client(gw, "s12")
+    client = openai_sdk(gw, "s12")
     msgs = [{"role": "user", "content": "count"}]
     r1 = client.chat.completions.create(model="gpt-4o", messages=msgs, max_tokens=3)
     assert r1.choices[0].finish_reason == "length"
@@ -152,7 +145,7 @@ def test_2_1_tool_session_merges_into_exactly_what_the_sampler_saw(env, tmp_path
     eot = tok.token_to_id("<|im_end|>")
     up.script(Reply(reasoning="List it.", tool_calls=[("bash", {"command": "ls -la"})]), Reply(ids=_split(tok, "Two files.") + [eot]),
               Reply(text="Bye."))
-    client = _client(gw, "s21")
+    client = openai_sdk(gw, "s21")
     msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is here?"}]
     r1 = client.chat.completions.create(model="gpt-4o", messages=msgs, tools=[BASH])
     call = r1.choices[0].message.tool_calls[0]
@@ -177,7 +170,7 @@ def test_2_1_tool_session_merges_into_exactly_what_the_sampler_saw(env, tmp_path
 def test_3_1_edited_history_takes_the_normal_path(env):
     up, gw = env
     up.script(Reply(text="First."), Reply(text="Second."))
-    client = _client(gw, "s31")
+    client = openai_sdk(gw, "s31")
     msgs = [{"role": "user", "content": "hello"}]
     client.chat.completions.create(model="gpt-4o", messages=msgs)
     edited = msgs + [{"role": "assistant", "content": "Something I never said."}, {"role": "user", "content": "?"}]
@@ -191,7 +184,7 @@ def test_3_1_edited_history_takes_the_normal_path(env):
 def test_3_2_images_take_the_normal_path(env):
     up, gw = env
     up.script(Reply(text="First."), Reply(text="A cat."))
-    client = _client(gw, "s32")
+    client = openai_sdk(gw, "s32")
     msgs = [{"role": "user", "content": "hello"}]
     client.chat.completions.create(model="gpt-4o", messages=msgs)
     msgs += [{"role": "assistant", "content": "First."},
@@ -209,7 +202,7 @@ def test_3_2_images_take_the_normal_path(env):
 def test_3_3_echo_mismatch_is_noticed_and_the_record_keeps_the_echo(env):
     up, gw = env
     up.script(Reply(text="First."), Reply(text="Second."))
-    client = _client(gw, "s33")
+    client = openai_sdk(gw, "s33")
     msgs = [{"role": "user", "content": "hello"}]
     client.chat.completions.create(model="gpt-4o", messages=msgs)
     up.corrupt_echo = True
@@ -227,10 +220,9 @@ def test_3_3_echo_mismatch_is_noticed_and_the_record_keeps_the_echo(env):
 
 
 def test_4_1_a_backend_that_ignores_prompt_ids_refuses_the_mode(tmp_path_factory, tokenizer_dir):
-    up, gw = _start(tmp_path_factory, tokenizer_dir, "refused", honour=False)
-    try:
+    with _started(tmp_path_factory, tokenizer_dir, "refused", honour=False) as (up, gw):
         up.script(Reply(text="probe"), Reply(text="First."), Reply(text="Second."))
-        client = _client(gw, "s41")
+        client = openai_sdk(gw, "s41")
         msgs = [{"role": "user", "content": "hello"}]
         assert client.chat.completions.create(model="gpt-4o", messages=msgs).choices[0].message.content == "First."
         msgs += [{"role": "assistant", "content": "First."}, {"role": "user", "content": "and?"}]
@@ -240,15 +232,12 @@ def test_4_1_a_backend_that_ignores_prompt_ids_refuses_the_mode(tmp_path_factory
         assert "did not use the prompt token ids" in recs[0]["exact"]["detail"]
         assert "polar_exact REFUSED" in gw.log_text()
         assert all(_prompt(r) is not None and r["prompt_ref"] is None for r in recs)
-    finally:
-        gw.stop()
-        up.stop()
 
 
 def test_5_1_streaming_stays_real_on_a_spliced_turn(env):
     up, gw = env
     up.script(Reply(text="First."), Reply(text="one two three four", gate=True))
-    client = _client(gw, "s51")
+    client = openai_sdk(gw, "s51")
     msgs = [{"role": "user", "content": "hello"}]
     client.chat.completions.create(model="gpt-4o", messages=msgs)
     msgs += [{"role": "assistant", "content": "First."}, {"role": "user", "content": "stream"}]

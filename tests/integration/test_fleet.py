@@ -6,36 +6,23 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 
-import httpx
 import pytest
 
 from polar.addon import record as rec
 from polar.processor.cli import main as polar_process
-from tests.support.gateway import ROOT, start_gateway, wait_for
+from tests.support.gateway import PROXY, proxy_client, start_gateway
+from tests.support.servers import pid_alive as alive  # a zombie is gone (its parent, scripts/proxy, has exited)
+from tests.support.servers import wait_for
 
 pytestmark = pytest.mark.integration
-
-PROXY = [sys.executable, os.path.join(ROOT, "scripts", "proxy")]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is gone for our purposes (its parent, scripts/proxy, has exited).
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().split(")")[-1].split()[0] != "Z"
 
 
 @pytest.fixture
 def fleet(tmp_path, upstream):
     run_dir, flows = str(tmp_path / "run"), str(tmp_path / "flows")
-    handle = start_gateway(upstream.base_url, run_dir, flows, extra_args=["--count", "2"])
-    yield handle
-    handle.stop()
+    with start_gateway(upstream.base_url, run_dir, flows, extra_args=["--count", "2"]) as handle:
+        yield handle
 
 
 def test_1_1_two_proxies_answer_and_record_into_one_directory(fleet, tmp_path):
@@ -49,8 +36,7 @@ def test_1_1_two_proxies_answer_and_record_into_one_directory(fleet, tmp_path):
                               fleet.run_dir], capture_output=True, text=True, check=True).stdout
         assert f"export HTTPS_PROXY=http://agent-{k}:x@127.0.0.1:{p['port']}" in env
         assert f"NODE_EXTRA_CA_CERTS={state['ca_pem']}" in env  # one CA for the whole fleet
-        with httpx.Client(proxy=f"http://agent-{k}:x@127.0.0.1:{p['port']}", verify=fleet.ssl_context(),
-                          trust_env=False, timeout=60) as client:
+        with proxy_client(f"http://agent-{k}:x@127.0.0.1:{p['port']}", fleet.ca_pem, timeout=60) as client:
             resp = client.post("https://api.openai.com/v1/chat/completions", headers={"authorization": "Bearer sk-x"},
                                json={"model": "gpt-x", "messages": [{"role": "user", "content": f"hello {k}"}]})
         assert resp.status_code == 200, resp.text

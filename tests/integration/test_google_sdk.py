@@ -16,8 +16,10 @@ from google.genai import errors as genai_errors
 from google.genai import types
 
 from polar.addon import record as rec
-from tests.support.scripted_upstream import Reply
 from tests.support.captures import CAPTURES_DIR, capture_files
+from tests.support.records import assert_tokens_match, one_record
+from tests.support.scripted_upstream import Reply
+from tests.support.sdk import genai_sdk
 
 pytestmark = pytest.mark.integration
 
@@ -30,20 +32,7 @@ NO_AFC = types.AutomaticFunctionCallingConfig(disable=True)
 
 
 def sdk(gateway, session: str | None = "gemini-session") -> genai.Client:
-    return genai.Client(api_key="AIza-test", http_options=types.HttpOptions(
-        httpx_client=gateway.http_client(session=session, timeout=60)))
-
-
-def one_record(gateway) -> dict:
-    records = gateway.records()
-    assert len(records) == 1, [r.get("error") for r in records]
-    return records[0]
-
-
-def assert_tokens_match(record: dict, upstream) -> None:
-    truth = upstream.responses[-1]
-    assert rec.token_ids(record, "prompt_token_ids") == truth.prompt_token_ids
-    assert rec.token_ids(record, "completion_token_ids") == truth.completion_ids
+    return genai_sdk(gateway, session)
 
 
 def sse_events(raw: bytes) -> list[types.GenerateContentResponse]:

@@ -15,13 +15,14 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
-from polar.addon import record as rec
-from tests.support.scripted_upstream import Reply
 from tests.support.captures import capture_files
+from tests.support.records import assert_tokens_match, one_record
+from tests.support.scripted_upstream import Reply
+from tests.support.sdk import OPENAI_V1 as OPENAI
+from tests.support.sdk import openai_sdk
 
 pytestmark = pytest.mark.integration
 
-OPENAI = "https://api.openai.com/v1"
 DASHSCOPE = "https://dashscope.aliyuncs.com/compatible-mode/v1"
 SHELL = [{"type": "function", "function": {
     "name": "run_shell_command", "description": "Run a shell command",
@@ -32,20 +33,7 @@ BACKEND_ONLY = (b"token_ids", b"prompt_token_ids", b"system_fingerprint", b"stop
 
 
 def sdk(gateway, session: str | None = "chat-session", base_url: str = OPENAI) -> openai.OpenAI:
-    return openai.OpenAI(api_key="sk-test", base_url=base_url, max_retries=0,
-                         http_client=gateway.http_client(session=session, timeout=60))
-
-
-def one_record(gateway) -> dict:
-    records = gateway.records()
-    assert len(records) == 1, [r.get("error") for r in records]
-    return records[0]
-
-
-def assert_tokens_match(record: dict, upstream) -> None:
-    truth = upstream.responses[-1]
-    assert rec.token_ids(record, "prompt_token_ids") == truth.prompt_token_ids
-    assert rec.token_ids(record, "completion_token_ids") == truth.completion_ids
+    return openai_sdk(gateway, session, base_url=base_url)
 
 
 def sse_chunks(raw: bytes) -> tuple[list[ChatCompletionChunk], bytes]:

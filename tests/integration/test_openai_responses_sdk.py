@@ -15,10 +15,11 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from polar.addon import record as rec
 from polar.addon.codecs import openai_responses as codec
-from tests.support.scripted_upstream import Reply
 from tests.support.captures import capture_files
+from tests.support.records import assert_tokens_match, one_record
+from tests.support.scripted_upstream import Reply
+from tests.support.sdk import OPENAI_V1, openai_sdk
 
 pytestmark = pytest.mark.integration
 
@@ -31,21 +32,8 @@ EXEC = [{"type": "namespace", "name": "functions",
          "tools": [{"type": "custom", "name": "exec", "description": "run JavaScript"}]}]
 
 
-def sdk(gateway, session: str | None = "resp-session", base_url: str = "https://api.openai.com/v1") -> openai.OpenAI:
-    return openai.OpenAI(api_key="sk-test", base_url=base_url, max_retries=0,
-                         http_client=gateway.http_client(session=session, timeout=60))
-
-
-def one_record(gateway) -> dict:
-    records = gateway.records()
-    assert len(records) == 1, [r.get("error") for r in records]
-    return records[0]
-
-
-def assert_tokens_match(record: dict, upstream) -> None:
-    truth = upstream.responses[-1]
-    assert rec.token_ids(record, "prompt_token_ids") == truth.prompt_token_ids
-    assert rec.token_ids(record, "completion_token_ids") == truth.completion_ids
+def sdk(gateway, session: str | None = "resp-session", base_url: str = OPENAI_V1) -> openai.OpenAI:
+    return openai_sdk(gateway, session, base_url=base_url)
 
 
 # -- 1. answers ----------------------------------------------------------------------------------------------------

@@ -9,37 +9,27 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
-import ssl
 import subprocess
 import sys
-import urllib.request
 
 import httpx
 import pytest
 
 from polar.addon import record as rec
-from tests.support.gateway import ROOT, wait_for
+from tests.support.gateway import ROOT, proxy_client
+from tests.support.records import flow_records as records
 from tests.support.scripted_upstream import Reply
+from tests.support.servers import free_port, probe_ready, wait_for
 
 pytestmark = pytest.mark.integration
 
 CA = os.path.join(ROOT, "certs", "mitmproxy-ca-cert.pem")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ready(port: int) -> dict | None:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{port}"}))
-    try:
-        with opener.open("http://polar.gateway/ready", timeout=2) as resp:
-            return json.loads(resp.read())
-    except Exception:  # noqa: BLE001 — not up yet
-        return None
+    """The readiness answer once it says ready; None before."""
+    info = probe_ready(port)
+    return info if info and info.get("ready") else None
 
 
 @pytest.fixture(scope="module")
@@ -65,15 +55,7 @@ def fast_proxy(_upstream_server, tmp_path_factory):
 
 
 def client(port: int) -> httpx.Client:
-    return httpx.Client(proxy=f"http://fast-session:x@127.0.0.1:{port}", verify=ssl.create_default_context(cafile=CA),
-                        trust_env=False, timeout=30)
-
-
-def records(flows: str) -> list[dict]:
-    out = []
-    for path in rec.expand_inputs([flows]):
-        out.extend(r for _, r in rec.iter_file(path))
-    return sorted(out, key=lambda r: r["t_start"])
+    return proxy_client(f"http://fast-session:x@127.0.0.1:{port}", CA, timeout=30)
 
 
 BODY = {"model": "claude-test", "max_tokens": 64, "messages": [{"role": "user", "content": "hi"}]}

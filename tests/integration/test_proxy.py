@@ -4,23 +4,22 @@ and scripts/proxy start itself (readiness, a second start, the printed session).
 from __future__ import annotations
 
 import http.server
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shlex
-import socket
 import ssl
 import stat
 import subprocess
-import sys
 import threading
 
 import httpx
 import pytest
 
-from tests.support.gateway import ROOT, start_gateway, wait_for
-from tests.support.tls import polar_import_blocker, self_signed
+from tests.support.gateway import PROXY, ROOT, proxy_client, start_gateway
+from tests.support.scripts import load_script
+from tests.support.sentinel import Sentinel
+from tests.support.servers import free_port, wait_for
+from tests.support.tls import polar_import_blocker
 
 pytestmark = pytest.mark.integration
 
@@ -28,35 +27,9 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def tls_server(tmp_path):
     """A local HTTPS server with its own certificate, answering every request with 'own-server'."""
-    cert, key = self_signed(tmp_path)
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(cert, key)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(8)
-    port = sock.getsockname()[1]
-    stop = threading.Event()
-
-    def serve():
-        sock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                conn, _ = sock.accept()
-            except OSError:
-                continue
-            try:
-                with ctx.wrap_socket(conn, server_side=True) as tls:
-                    tls.recv(65536)
-                    tls.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\nconnection: close\r\n\r\nown-server")
-            except (OSError, ssl.SSLError):
-                pass
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    yield port, cert
-    stop.set()
-    thread.join(2)
-    sock.close()
+    server = Sentinel(str(tmp_path), "localhost", b"own-server")
+    yield server.port, server.cert
+    server.close()
 
 
 def test_1_1_non_provider_tls_is_not_decrypted(gateway, tls_server):
@@ -112,19 +85,12 @@ def test_1_4_without_listen_host_the_addon_binds_loopback(tmp_path, upstream):
         proc.wait(10)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_2_1_package_import_failure_fails_closed(tmp_path, upstream):
     """With the polar package unimportable, provider requests get their own "unavailable" locally (Anthropic's is 529
     overloaded_error) and never reach the real host."""
     env = polar_import_blocker(tmp_path)
-    gw = start_gateway(upstream.base_url, str(tmp_path / "run"), str(tmp_path / "flows"),
-                       extra_args=["--allow-fail-closed"], env=env)
-    try:
+    with start_gateway(upstream.base_url, str(tmp_path / "run"), str(tmp_path / "flows"),
+                       extra_args=["--allow-fail-closed"], env=env) as gw:
         with gw.http_client() as client:
             resp = client.post("https://api.anthropic.com/v1/messages", json={"model": "m"},
                                headers={"x-api-key": "sk-secret"})
@@ -132,21 +98,9 @@ def test_2_1_package_import_failure_fails_closed(tmp_path, upstream):
         assert "failed to load" in resp.text
         assert "failing closed" in gw.log_text()
         assert [r for r in upstream.requests if r.method != "GET"] == []  # scripts/proxy's check GETs /v1/models
-    finally:
-        gw.stop()
 
 
 # ---------------------------------------------------------------------------------------------- 3. scripts/proxy start
-
-PROXY = [sys.executable, os.path.join(ROOT, "scripts", "proxy")]
-
-
-def load_proxy_script():
-    loader = importlib.machinery.SourceFileLoader("proxy_under_test", os.path.join(ROOT, "scripts", "proxy"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
 
 
 class ReadinessEndpoint:
@@ -181,7 +135,7 @@ class ReadinessEndpoint:
 
 def test_3_1_not_ready_answers_mean_wait():
     """The readiness race (issue 13 item 3): a bare 503 {"ready": false} is a start-up in progress, not a failure."""
-    proxy = load_proxy_script()
+    proxy = load_script("scripts/proxy", "proxy_under_test")
     endpoint = ReadinessEndpoint(not_ready=4)
 
     class Running:
@@ -261,8 +215,7 @@ def test_3_3_a_second_start_is_refused_and_the_session_is_escaped(tmp_path, upst
     run dir would orphan the first proxy (stop reaches only the run file's pids), so it is refused."""
     run_dir = str(tmp_path / "run")
     session = "alice@lab:1"
-    gw = start_gateway(upstream.base_url, run_dir, str(tmp_path / "flows"), extra_args=["--session", session])
-    try:
+    with start_gateway(upstream.base_url, run_dir, str(tmp_path / "flows"), extra_args=["--session", session]) as gw:
         again = subprocess.run([*PROXY, "start", "--upstream", upstream.base_url, "--run-dir", run_dir],
                                capture_output=True, text=True, timeout=60, check=False)
         assert again.returncode == 2, again.stderr
@@ -273,11 +226,9 @@ def test_3_3_a_second_start_is_refused_and_the_session_is_escaped(tmp_path, upst
                                text=True, check=True).stdout
         env = dict(shlex.split(line)[1].split("=", 1) for line in lines.splitlines())
         assert env["HTTPS_PROXY"] == f"http://alice%40lab%3A1:x@127.0.0.1:{gw.port}"
-        with httpx.Client(proxy=env["HTTPS_PROXY"], verify=gw.ssl_context(), trust_env=False, timeout=60) as client:
+        with proxy_client(env["HTTPS_PROXY"], gw.ca_pem, timeout=60) as client:
             resp = client.post("https://api.openai.com/v1/chat/completions", headers={"authorization": "Bearer sk-x"},
                                json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         assert resp.status_code == 200, resp.text
         assert [r["session"] for r in gw.records()] == [session]
-    finally:
-        gw.stop()
     assert not os.path.exists(os.path.join(run_dir, "proxy.json"))  # stop reached the first proxy

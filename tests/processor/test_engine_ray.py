@@ -12,7 +12,7 @@ import pytest
 from polar.addon import record as rec
 from polar.processor import cli
 from polar.processor.cli import main
-from polar.processor.pipeline import partition_of
+from polar.processor.engine import partition_of
 from tests.processor.synth import session_records
 
 pytestmark = pytest.mark.unit
@@ -144,7 +144,7 @@ def test_2_1_partition_is_a_stable_hash_not_pythons_salted_hash():
     assert partition_of("s0", 1) == 0
     expect = int.from_bytes(hashlib.blake2b(b"ss0", digest_size=8).digest(), "big") % 7
     assert partition_of("s0", 7) == expect
-    code = ("from polar.processor.pipeline import partition_of;"
+    code = ("from polar.processor.engine import partition_of;"
             "print([partition_of(s, 13) for s in ['a', 'b', 'session-42', None, 'ü']])")
     seen = {subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed},
                            capture_output=True, text=True, check=True).stdout for seed in ("1", "2", "3")}

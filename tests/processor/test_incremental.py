@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from polar.addon import record as rec
-from polar.processor import pipeline
+from polar.processor import engine
 from polar.processor.cli import main
 from tests.processor.synth import session_records
 
@@ -53,7 +53,7 @@ def scenario(tmp_path):
 def spy(monkeypatch):
     """What the local engine indexes and which groups it merges."""
     seen = {"indexed": [], "merged": []}
-    real_index, real_group = pipeline.build_index, pipeline.group_products
+    real_index, real_group = engine.build_index, engine.group_products
 
     def index(files, progress=None):
         seen["indexed"].append([os.path.basename(f) for f in files])
@@ -63,8 +63,8 @@ def spy(monkeypatch):
         seen["merged"].append(session)
         return real_group(session, records, files, settings)
 
-    monkeypatch.setattr(pipeline, "build_index", index)
-    monkeypatch.setattr(pipeline, "group_products", group)
+    monkeypatch.setattr(engine, "build_index", index)
+    monkeypatch.setattr(engine, "group_products", group)
     return seen
 
 

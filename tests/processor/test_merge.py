@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from polar.processor.merge import MissingEot, Route, merge_group, route_calls, route_calls_naive
+from polar.processor.merge import MissingEot, ChainAssignment, merge_group, route_calls, route_calls_naive
 from tests.processor.calls import EOT, call, eot_for
 
 pytestmark = pytest.mark.unit
@@ -151,14 +151,14 @@ def test_2_1_routing_ties_go_to_the_tip_that_started_last():
     prompts = [[1, 2], [1, 3], [1, 2, 3]]  # both tips have length 2, only [1,2] is a prefix
     as_bytes = [np.array(p, dtype="<i4").tobytes() for p in prompts]
     assert route_calls(as_bytes) == route_calls_naive(prompts) == [
-        Route("open", 0), Route("open", 1), Route("join", 0)]
+        ChainAssignment("open", 0), ChainAssignment("open", 1), ChainAssignment("join", 0)]
 
 
 def test_2_2_exact_tip_replaces_before_extension():
     prompts = [[1], [1, 2], [1, 2], [1]]
     as_bytes = [np.array(p, dtype="<i4").tobytes() for p in prompts]
-    expect = [Route("open", 0), Route("join", 0), Route("replace", 0, replaced=1),
-              Route("open", 1, diverged_from=0, diverged_pos=1)]
+    expect = [ChainAssignment("open", 0), ChainAssignment("join", 0), ChainAssignment("replace", 0, replaced=1),
+              ChainAssignment("open", 1, diverged_from=0, diverged_pos=1)]
     assert route_calls(as_bytes) == route_calls_naive(prompts) == expect
 
 

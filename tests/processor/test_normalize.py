@@ -38,3 +38,18 @@ def test_1_4_token_field_that_is_not_int32_is_an_input_error():
     r["prompt_token_ids"] = b"\x01\x02\x03"
     with pytest.raises(InputError, match="offset 5"):
         to_call(r, "f", 5)
+
+
+@pytest.mark.parametrize("written, body, expect", [
+    (True, {"messages": []}, True),  # the gateway's field wins
+    (False, {"tool_choice": "required"}, False),
+    (None, {"tool_choice": "required"}, True),  # an older record: the gateway's rule on its upstream_request
+    (None, {"tool_choice": {"type": "function", "function": {"name": "sh"}}}, True),
+    (None, {"response_format": {"type": "json_schema", "json_schema": {}}}, True),
+    (None, {"response_format": {"type": "json_object"}}, False),  # asks for JSON, constrains no grammar
+    (None, {"tool_choice": "auto"}, False),
+], ids=["field_true", "field_false", "old_required", "old_named", "old_json_schema", "old_json_object", "old_auto"])
+def test_1_5_constrained_is_the_records_field_else_the_gateways_rule(written, body, expect):
+    r = record([1], [3, 2], body=orjson.dumps(body))
+    r["constrained"] = written
+    assert to_call(r, "f", 0).constrained is expect

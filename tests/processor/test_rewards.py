@@ -3,7 +3,7 @@
 import pytest
 
 from polar.processor import rewards as rw
-from polar.processor.merge import Sequence_
+from polar.processor.merge import TrainingSequence
 
 pytestmark = pytest.mark.unit
 
@@ -17,8 +17,8 @@ def write(tmp_path, lines):
 def seq(session, side=False):
     import numpy as np
     z = np.zeros(1, dtype=np.int32)
-    return Sequence_("x", "x", session, "prefix_merging", z, z.astype("uint8"), None, ["x"], 1, [], None, "m", 0.0,
-                     side_chain=side)
+    return TrainingSequence("x", "x", session, "prefix_merging", z, z.astype("uint8"), None, ["x"], 1, [], None, "m",
+                            0.0, side_chain=side)
 
 
 def test_1_1_advantages_use_population_sigma_per_group(tmp_path):

@@ -200,10 +200,9 @@ FUZZ_PER_PROTOCOL = 30
 def small_gateway(_upstream_server, tmp_path_factory):
     """A gateway of its own (a clean log to scan) with a small polar_max_body_mb."""
     base = tmp_path_factory.mktemp("badinput")
-    gw = start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"),
-                       sets=[f"polar_max_body_mb={MAX_BODY_MB}"])
-    yield gw
-    gw.stop()
+    with start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"),
+                       sets=[f"polar_max_body_mb={MAX_BODY_MB}"]) as gw:
+        yield gw
 
 
 def fixed_cases(name: str) -> list[tuple[str, bytes, dict]]:

@@ -11,9 +11,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
-import urllib.request
 
 import pytest
 
@@ -21,6 +19,7 @@ from polar.addon.options import OPTIONS
 from tests.support.gateway import ROOT
 from tests.support.mitmdump_zygote import Zygote
 from tests.support.sentinel import Sentinel, tunnel
+from tests.support.servers import free_port, probe_ready
 from tests.support.tls import polar_import_blocker
 
 pytestmark = pytest.mark.integration
@@ -51,34 +50,12 @@ BAD_VALUES: list[tuple[str, list[str]]] = [
     ("polar_exact", ["polar_exact=maybe"]),
     ("polar_exact", ["polar_exact=true", "polar_exact=false"]),  # given twice: mitmproxy's parser refuses it
     ("polar_exact_cache_mb", ["polar_exact_cache_mb=lots"]),
+    ("polar_divert", ["polar_divert=maybe"]),
 ]
 
 
 def test_1_0_the_table_covers_every_option():
     assert {name for name, _ in BAD_VALUES} == {o.name for o in OPTIONS}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _probe(port: int) -> dict | None:
-    """The addon's readiness answer, or None while nothing of ours answers (mitmproxy alone, or not listening)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{port}"}))
-    try:
-        with opener.open("http://polar.gateway/ready", timeout=2) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            return json.loads(exc.read())
-        except ValueError:
-            return None
-    except Exception:  # noqa: BLE001 — not up yet, or gone
-        return None
 
 
 def _argv(port: int, sets: list[str], sentinel: Sentinel, flows: str) -> list[str]:
@@ -96,7 +73,7 @@ def _observe(port: int, sentinel: Sentinel, exited) -> tuple[dict | None, tuple 
     info = None
     deadline = time.time() + 20
     while not exited() and info is None and time.time() < deadline:
-        info = _probe(port)
+        info = probe_ready(port)
         time.sleep(0.05)
     if exited():
         return info, None
@@ -109,7 +86,7 @@ def _observe(port: int, sentinel: Sentinel, exited) -> tuple[dict | None, tuple 
 
 
 def run_in_zygote(zygote: Zygote, sets: list[str], sentinel: Sentinel, flows: str, log: str) -> dict:
-    port = _free_port()
+    port = free_port()
     pid = zygote.start(_argv(port, sets, sentinel, flows), log)
     info, answer = _observe(port, sentinel, lambda: zygote.poll(pid) is not None)
     rc = zygote.stop(pid)
@@ -119,7 +96,7 @@ def run_in_zygote(zygote: Zygote, sets: list[str], sentinel: Sentinel, flows: st
 
 def run_mitmdump(sets: list[str], sentinel: Sentinel, flows: str, env: dict) -> dict:
     """The same through the real console script (a fresh interpreter: needed where the import itself must fail)."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([MITMDUMP, *_argv(port, sets, sentinel, flows)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     info, answer = _observe(port, sentinel, lambda: proc.poll() is not None)
@@ -184,7 +161,7 @@ def test_2_1_the_fail_closed_addon_answers_in_the_providers_shape_too(sentinel, 
 
 def test_3_1_a_new_confdir_is_made_0700_with_its_key_0600_and_the_change_logged(zygote, sentinel, tmp_path):
     confdir = tmp_path / "newconf"  # mitmproxy creates it 0755 (its key 0600)
-    port = _free_port()
+    port = free_port()
     argv = _argv(port, ["polar_upstream=http://127.0.0.1:9/v1"], sentinel, str(tmp_path / "flows"))
     argv[argv.index(f"confdir={os.path.join(ROOT, 'certs')}")] = f"confdir={confdir}"
     log = str(tmp_path / "conf.log")

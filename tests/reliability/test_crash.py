@@ -22,22 +22,15 @@ import pytest
 
 from polar.addon import record as rec
 from tests.reliability import PROTOCOLS, stream_ending
-from tests.support.gateway import start_gateway, wait_for
+from tests.support.gateway import start_gateway
 from tests.support.scripted_upstream import Reply
+from tests.support.servers import pid_gone, wait_for
 
 pytestmark = pytest.mark.integration
 
 ROUNDS = 3
 CLIENTS = 6
 ROTATE_MB = 0.02  # ~20 KB files: several rotations per round
-
-
-def pid_gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            return any(line.startswith("State:") and "Z" in line.split()[1] for line in fh)
-    except FileNotFoundError:
-        return True
 
 
 def scan_all(flows: str) -> tuple[list[dict], list[rec.FileScan]]:
@@ -202,8 +195,7 @@ def test_2_1_below_min_free_space_generations_get_retryable_errors(upstream, sma
         flows, filler = str(tmp_path / "flows"), None
         st = os.statvfs(str(tmp_path))
         min_free = st.f_bavail * st.f_frsize // (1024 * 1024) + 100_000
-    gw = start_gateway(upstream.base_url, str(tmp_path / "run"), flows, sets=[f"polar_min_free_mb={min_free}"])
-    try:
+    with start_gateway(upstream.base_url, str(tmp_path / "run"), flows, sets=[f"polar_min_free_mb={min_free}"]) as gw:
         for proto in PROTOCOLS:
             status, _ = proto.errors["unavailable"]
             with gw.http_client(session="disk") as client:
@@ -220,8 +212,6 @@ def test_2_1_below_min_free_space_generations_get_retryable_errors(upstream, sma
                 resp = client.post(proto.url(True), json=proto.body(True, "room again"))
             assert resp.status_code == 200 and stream_ending(proto, resp.content) == "ok"
         assert len(gw.records()) == len(PROTOCOLS) and len(upstream.chat_requests) == len(PROTOCOLS)
-    finally:
-        gw.stop()
 
 
 def test_2_2_a_record_that_cannot_be_written_is_never_a_successful_answer(upstream, small_disk, tmp_path):
@@ -229,8 +219,7 @@ def test_2_2_a_record_that_cannot_be_written_is_never_a_successful_answer(upstre
         pytest.skip("cannot mount a tmpfs here (needs root)")
     flows = os.path.join(small_disk, "flows")
     os.makedirs(flows)
-    gw = start_gateway(upstream.base_url, str(tmp_path / "run"), flows, sets=["polar_min_free_mb=0"])
-    try:
+    with start_gateway(upstream.base_url, str(tmp_path / "run"), flows, sets=["polar_min_free_mb=0"]) as gw:
         fill(small_disk, 0)
         for proto in PROTOCOLS:
             for stream in (True, False):
@@ -248,5 +237,3 @@ def test_2_2_a_record_that_cannot_be_written_is_never_a_successful_answer(upstre
         assert len(upstream.chat_requests) == 2 * len(PROTOCOLS)
         assert rec.expand_inputs([flows]) == [] or all(
             os.path.getsize(p) == 0 for p in rec.expand_inputs([flows]))  # nothing torn left behind
-    finally:
-        gw.stop()

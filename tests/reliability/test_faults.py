@@ -19,7 +19,9 @@ import pytest
 from polar.addon import record as rec
 from tests.reliability import PROTOCOLS, Protocol, json_ok, stream_ending
 from tests.support.gateway import start_gateway
+from tests.support.records import one_record as only_record
 from tests.support.scripted_upstream import Reply, ScriptedUpstream
+from tests.support.servers import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -49,12 +51,6 @@ def assert_served(gw, proto: Protocol) -> None:
     assert status == 200 and stream_ending(proto, raw) == "ok", raw[-300:]
     new = [r for r in gw.records() if r["id"] not in before]
     assert len(new) == 1 and new[0]["error"] is None and new[0]["provider_status"] == 200
-
-
-def only_record(gw) -> dict:
-    records = gw.records()
-    assert len(records) == 1, [r.get("error") for r in records]
-    return records[0]
 
 
 # -- 1. faults of a live backend ------------------------------------------------------------------------------------
@@ -133,10 +129,9 @@ def test_1_4_missing_logprobs_answers_and_the_record_has_none(gateway, upstream,
 def fast_gateway(_upstream_server, tmp_path_factory):
     """The same scripted upstream behind a gateway with a 1 s first-byte timeout."""
     base = tmp_path_factory.mktemp("fast")
-    gw = start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"),
-                       sets=["polar_first_byte_timeout=1", "polar_idle_timeout=1", "polar_connect_timeout=2"])
-    yield gw
-    gw.stop()
+    with start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"),
+                       sets=["polar_first_byte_timeout=1", "polar_idle_timeout=1", "polar_connect_timeout=2"]) as gw:
+        yield gw
 
 
 @pytest.mark.parametrize("proto", PROTOCOLS, ids=IDS)
@@ -181,23 +176,16 @@ def test_2_2_a_slow_first_byte_within_the_timeout_is_served(fast_gateway, upstre
 # -- 3. a backend that is not there ----------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def absent_backend(_upstream_server, tmp_path_factory):
     """A gateway whose upstream port has nobody listening; `.revive()` starts a scripted upstream there."""
     port = free_port()
     base = tmp_path_factory.mktemp("absent")
-    gw = start_gateway(f"http://127.0.0.1:{port}/v1", str(base / "run"), str(base / "flows"),
-                       sets=["polar_connect_timeout=2"])
-    gw.revived = ScriptedUpstream(_upstream_server.tokenizer, port=port)
-    yield gw
-    gw.revived.stop()
-    gw.stop()
+    with start_gateway(f"http://127.0.0.1:{port}/v1", str(base / "run"), str(base / "flows"),
+                       sets=["polar_connect_timeout=2"]) as gw:
+        gw.revived = ScriptedUpstream(_upstream_server.tokenizer, port=port)
+        yield gw
+        gw.revived.stop()
 
 
 @pytest.fixture(scope="module")
@@ -209,10 +197,9 @@ def blackhole_gateway(tmp_path_factory):
     port = sock.getsockname()[1]
     filler = socket.create_connection(("127.0.0.1", port))  # takes the only queue slot; nobody accepts
     base = tmp_path_factory.mktemp("blackhole")
-    gw = start_gateway(f"http://127.0.0.1:{port}/v1", str(base / "run"), str(base / "flows"),
-                       sets=["polar_connect_timeout=0.5"])
-    yield gw
-    gw.stop()
+    with start_gateway(f"http://127.0.0.1:{port}/v1", str(base / "run"), str(base / "flows"),
+                       sets=["polar_connect_timeout=0.5"]) as gw:
+        yield gw
     filler.close()
     sock.close()
 

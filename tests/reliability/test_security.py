@@ -15,20 +15,17 @@ import ssl
 import uuid
 
 import anthropic
-import httpx
-import httpx2
 import openai
 import pytest
-from google import genai
-from google.genai import types as gtypes
 
 from polar.addon.hosts import protocol_for
 from polar.addon.provider_errors import unavailable
 from tests.reliability import GOOGLE
 from tests.support.gateway import start_gateway
+from tests.support.scripted_upstream import Reply
+from tests.support.sdk import anthropic_sdk, genai_sdk, openai_sdk
 from tests.support.sentinel import Sentinel, tunnel
 from tests.support.tls import polar_import_blocker
-from tests.support.scripted_upstream import Reply
 
 pytestmark = pytest.mark.integration
 
@@ -49,11 +46,10 @@ def sentinel_gateway(_upstream_server, tmp_path_factory):
     sentinel = Sentinel(str(base))
     other = Sentinel(str(base))  # the right name on a port polar_hosts does not list
     names = ["api.anthropic.com", "api.openai.com", "generativelanguage.googleapis.com"]
-    gw = start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"),
-                       sets=[f"polar_hosts={n}:{sentinel.port}" for n in names])
-    gw.sentinel, gw.other = sentinel, other
-    yield gw
-    gw.stop()
+    with start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"),
+                       sets=[f"polar_hosts={n}:{sentinel.port}" for n in names]) as gw:
+        gw.sentinel, gw.other = sentinel, other
+        yield gw
     sentinel.close()
     other.close()
 
@@ -63,28 +59,24 @@ def sentinel_gateway(_upstream_server, tmp_path_factory):
 
 def test_1_1_no_key_cookie_or_proxy_password_in_records_logs_or_upstream(upstream, tmp_path):
     base = tmp_path
-    gw = start_gateway(upstream.base_url, str(base / "run"), str(base / "flows"))
-    proxy = f"http://secret-session:{SECRETS['proxy_password']}@127.0.0.1:{gw.port}"
-    cookie = {"cookie": f"sid={SECRETS['cookie']}", "chatgpt-account-id": SECRETS["account"]}
-    try:
+    with start_gateway(upstream.base_url, str(base / "run"), str(base / "flows")) as gw:
+        proxy = f"http://secret-session:{SECRETS['proxy_password']}@127.0.0.1:{gw.port}"
+        cookie = {"cookie": f"sid={SECRETS['cookie']}", "chatgpt-account-id": SECRETS["account"]}
         upstream.script(*[Reply(text="fine")] * 20)
-        a = anthropic.Anthropic(api_key=SECRETS["anthropic_key"], max_retries=0, default_headers=cookie,
-                                http_client=httpx2.Client(proxy=proxy, verify=gw.ssl_context(), trust_env=False))
+        a = anthropic_sdk(gw, proxy=proxy, api_key=SECRETS["anthropic_key"], default_headers=cookie)
         a.messages.create(model="m", max_tokens=20, messages=[{"role": "user", "content": "hi"}])
         with a.messages.stream(model="m", max_tokens=20, messages=[{"role": "user", "content": "hi"}]) as s:
             s.get_final_message()
         with pytest.raises(anthropic.BadRequestError):
             a.messages.create(model="m", max_tokens=20, messages=[{"role": "tool", "content": "x"}])
-        o = openai.OpenAI(api_key=SECRETS["openai_key"], max_retries=0, default_headers=cookie,
-                          http_client=httpx.Client(proxy=proxy, verify=gw.ssl_context(), trust_env=False))
+        o = openai_sdk(gw, proxy=proxy, api_key=SECRETS["openai_key"], default_headers=cookie)
         o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
         list(o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True))
         with pytest.raises(openai.BadRequestError):
             o.chat.completions.create(model="m", messages=[{"role": "nobody", "content": "hi"}])
         o.responses.create(model="m", input="hi")
         list(o.responses.create(model="m", input="hi", stream=True))
-        g = genai.Client(api_key=SECRETS["google_key"], http_options=gtypes.HttpOptions(
-            headers=cookie, httpx_client=httpx.Client(proxy=proxy, verify=gw.ssl_context(), trust_env=False)))
+        g = genai_sdk(gw, proxy=proxy, api_key=SECRETS["google_key"], headers=cookie)
         g.models.generate_content(model="gemini-test", contents="hi")
         list(g.models.generate_content_stream(model="gemini-test", contents="hi"))
         # The key as a query parameter (older Gemini clients), and a backend failure on the error path.
@@ -96,8 +88,6 @@ def test_1_1_no_key_cookie_or_proxy_password_in_records_logs_or_upstream(upstrea
         assert len(records) >= 11 and {r["protocol"] for r in records} == {
             "anthropic_messages", "openai_chat", "openai_responses", "google_generate"}
         assert any(r["error"] for r in records)
-    finally:
-        gw.stop()
     blobs = {}
     for directory in (gw.flows_dir, gw.run_dir):
         for name in os.listdir(directory):

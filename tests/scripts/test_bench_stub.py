@@ -6,23 +6,17 @@ ids, logprobs and usage it was built with, so the benchmark measures the real ga
 
 from __future__ import annotations
 
-import importlib.util
-import os
-
 import orjson
 import pytest
 
-from polar.addon.upstream import StreamReader
-from tests.support.gateway import ROOT
+from polar.addon.stream_reader import StreamReader
+from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.unit
 
 
 def load_stub():
-    spec = importlib.util.spec_from_file_location("bench_stub", os.path.join(ROOT, "scripts", "lib", "bench_stub.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/lib/bench_stub.py", "bench_stub")
 
 
 def dechunk(body: bytes) -> bytes:

@@ -5,31 +5,23 @@ dead (or no longer ours) is stale for start, env and stop, only a readiness answ
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import json
 import os
 import shlex
 import subprocess
-import sys
 from urllib.parse import unquote, urlsplit
 
 import pytest
 
-from tests.support.gateway import ROOT
+from tests.support.gateway import PROXY
+from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.unit
-
-PROXY = [sys.executable, os.path.join(ROOT, "scripts", "proxy")]
 
 
 @pytest.fixture(scope="module")
 def proxy():
-    loader = importlib.machinery.SourceFileLoader("proxy_under_test", os.path.join(ROOT, "scripts", "proxy"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_script("scripts/proxy", "proxy_under_test")
 
 
 def dead_pid() -> int:

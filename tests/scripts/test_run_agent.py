@@ -5,24 +5,18 @@ No CLI runs: `build` is checked directly."""
 from __future__ import annotations
 
 import argparse
-import importlib.machinery
-import importlib.util
 import os
 
 import pytest
 
-from tests.support.gateway import ROOT
+from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
 def ra():
-    loader = importlib.machinery.SourceFileLoader("run_agent_under_test", os.path.join(ROOT, "scripts", "run-agent"))
-    spec = importlib.util.spec_from_loader(loader.name, loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    return load_script("scripts/run-agent", "run_agent_under_test")
 
 
 def argv_for(ra, harness, *, cont=False, extra=(), provider=None, model=None, env=None):

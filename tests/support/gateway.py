@@ -1,19 +1,37 @@
-"""Start the real gateway (scripts/proxy → mitmdump -s addon/polar_addon.py) for integration tests."""
+"""Start the real gateway (scripts/proxy → mitmdump -s addon/polar_addon.py) for integration tests.
+
+`start_gateway(...)` returns a GatewayHandle, which stops the proxy on `stop()` or at the end of a `with` block;
+`relayed_gateway(...)` puts a recording relay between a backend and a new gateway. `proxy_client` /
+`proxy_sdk_client` are the httpx / httpx2 clients an agent would use to reach provider hosts through a proxy."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import ssl
 import subprocess
 import sys
-import time
+from typing import Iterator
 
 import httpx
 
-from polar.addon import record as rec
+from tests.support.records import flow_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROXY = [sys.executable, os.path.join(ROOT, "scripts", "proxy")]  # scripts/proxy as a command
+
+
+def proxy_client(proxy: str, ca_pem: str, **kwargs) -> httpx.Client:
+    """An httpx client that reaches provider hosts through `proxy` (a URL), trusting only `ca_pem`."""
+    return httpx.Client(proxy=proxy, verify=ssl.create_default_context(cafile=ca_pem), trust_env=False, **kwargs)
+
+
+def proxy_sdk_client(proxy: str, ca_pem: str, **kwargs):
+    """The same for the official SDKs (built on httpx2, and the Anthropic SDK rejects httpx clients)."""
+    import httpx2
+
+    return httpx2.Client(proxy=proxy, verify=ssl.create_default_context(cafile=ca_pem), trust_env=False, **kwargs)
 
 
 class GatewayHandle:
@@ -51,24 +69,17 @@ class GatewayHandle:
 
     def http_client(self, session: str | None = "test-session", **kwargs) -> httpx.Client:
         """An httpx client that reaches provider hosts through the proxy, trusting only our CA."""
-        return httpx.Client(proxy=self.proxy_url(session), verify=self.ssl_context(), trust_env=False, **kwargs)
+        return proxy_client(self.proxy_url(session), self.ca_pem, **kwargs)
 
     def sdk_http_client(self, session: str | None = "test-session", **kwargs):
         """For the official SDKs (built on httpx2): a client through the proxy that trusts only our CA."""
-        import httpx2
-
-        return httpx2.Client(proxy=self.proxy_url(session), verify=self.ssl_context(), trust_env=False, **kwargs)
+        return proxy_sdk_client(self.proxy_url(session), self.ca_pem, **kwargs)
 
     def async_http_client(self, session: str | None = "test-session", **kwargs) -> httpx.AsyncClient:
         return httpx.AsyncClient(proxy=self.proxy_url(session), verify=self.ssl_context(), trust_env=False, **kwargs)
 
     def all_records(self) -> list[dict]:
-        out = []
-        for path in rec.expand_inputs([self.flows_dir]) if os.path.isdir(self.flows_dir) else []:
-            for _, r in rec.iter_file(path):
-                out.append(r)
-        out.sort(key=lambda r: (r["t_start"] or 0, r["id"]))
-        return out
+        return flow_records(self.flows_dir)
 
     def mark(self) -> None:
         """Forget records written so far: records() then returns only newer ones."""
@@ -82,15 +93,22 @@ class GatewayHandle:
             return fh.read().decode("utf-8", "replace")
 
     def stop(self) -> None:
-        subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "proxy"), "stop", "--run-dir", self.run_dir],
-                       check=False, capture_output=True)
+        subprocess.run([*PROXY, "stop", "--run-dir", self.run_dir], check=False, capture_output=True)
+
+    def __enter__(self) -> "GatewayHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
 
 def start_gateway(upstream: str, run_dir: str, flows: str, sets: list[str] | None = None,
                   extra_args: list[str] | None = None, env: dict | None = None) -> GatewayHandle:
     os.makedirs(run_dir, exist_ok=True)
-    cmd = [sys.executable, os.path.join(ROOT, "scripts", "proxy"), "start", "--upstream", upstream,
-           "--flows", flows, "--run-dir", run_dir, "--session", "unused", *(extra_args or [])]
+    cmd = [*PROXY, "start", "--upstream", upstream, "--flows", flows, "--run-dir", run_dir, "--session", "unused",
+           *(extra_args or [])]
+    if os.environ.get("POLAR_TEST_DIVERT") == "0":  # the whole suite on the request-hook path (polar_divert=false)
+        sets = [*(sets or []), "polar_divert=false"]
     for item in sets or []:
         cmd += ["--set", item]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
@@ -100,10 +118,12 @@ def start_gateway(upstream: str, run_dir: str, flows: str, sets: list[str] | Non
         return GatewayHandle(json.load(fh), run_dir)
 
 
-def wait_for(predicate, timeout: float = 10.0, interval: float = 0.02):
-    deadline = time.time() + timeout
-    while True:
-        value = predicate()
-        if value or time.time() > deadline:
-            return value
-        time.sleep(interval)
+@contextlib.contextmanager
+def relayed_gateway(backend: str, base, sets: list[str] | None = None) -> Iterator[tuple]:
+    """backend ← RecordingRelay ← a new gateway (run dir and flows under `base`): yields (relay, gateway), stops
+    both on exit. `backend` is the backend's root or /v1 URL."""
+    from tests.support.recording_relay import RecordingRelay
+
+    with RecordingRelay(backend) as relay, \
+            start_gateway(relay.base_url, os.path.join(base, "run"), os.path.join(base, "flows"), sets=sets) as gw:
+        yield relay, gw

@@ -22,6 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.support.servers import LoopbackHTTPServer, read_request_body
+
 # Hop-by-hop headers are the relay's own business on each side (RFC 9110 §7.6.1); everything else passes as is.
 HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade"}
 
@@ -130,7 +132,7 @@ class Exchange:
         return t
 
 
-class RecordingRelay:
+class RecordingRelay(LoopbackHTTPServer):
     """A threaded relay on 127.0.0.1 in front of `target` (the backend's root URL, with or without /v1)."""
 
     def __init__(self, target: str, host: str = "127.0.0.1", port: int = 0, timeout: float = 600.0):
@@ -151,37 +153,11 @@ class RecordingRelay:
     # ---- lifecycle
     def start(self) -> str:
         if self._server is None:
-            handler = type("Handler", (_Handler,), {"relay": self})
-            self._server = ThreadingHTTPServer((self._host, self._port), handler)
-            self._server.daemon_threads = True
-            threading.Thread(target=self._server.serve_forever, name="recording-relay", daemon=True).start()
+            self._serve(ThreadingHTTPServer, type("Handler", (_Handler,), {"relay": self}), "recording-relay")
         return self.base_url
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
-
-    def __enter__(self) -> "RecordingRelay":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None, "not started"
-        return self._server.server_address[1]
-
-    @property
-    def root_url(self) -> str:
-        return f"http://{self._host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.root_url + "/v1"
+        self._shutdown()
 
     # ---- what went through
     def _add(self, ex: Exchange) -> None:
@@ -212,18 +188,7 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
     def _read_body(self) -> bytes:
-        if "chunked" in (self.headers.get("transfer-encoding") or "").lower():
-            data = b""
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return data
-                data += self.rfile.read(size)
-                self.rfile.readline()
-        n = int(self.headers.get("content-length") or 0)
-        return self.rfile.read(n) if n else b""
+        return read_request_body(self)
 
     def _relay(self) -> None:
         relay = self.relay

@@ -42,6 +42,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Iterable, Sequence
 
 from tests.support.chat_template import Tokenizer
+from tests.support.servers import LoopbackHTTPServer, read_request_body
 
 VLLM_VERSION = "0.32.0"
 DEFAULT_MODEL = "polar-tiny"
@@ -153,7 +154,7 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 1024  # the stdlib's 5 drops connections under bursts of concurrent calls (soak, fuzz)
 
 
-class ScriptedUpstream:
+class ScriptedUpstream(LoopbackHTTPServer):
     """A vLLM-compatible OpenAI server in a background thread, answering from a script."""
 
     def __init__(self, tokenizer: Tokenizer | str | None = None, *, model: str = DEFAULT_MODEL,
@@ -188,42 +189,15 @@ class ScriptedUpstream:
     def start(self) -> str:
         """Start serving; returns the OpenAI base URL `http://127.0.0.1:<port>/v1`."""
         if self._server is None:
-            handler = type("Handler", (_Handler,), {"upstream": self})
-            self._server = _Server((self._host, self._port), handler)
-            self._server.daemon_threads = True
-            self._thread = threading.Thread(target=self._server.serve_forever, name="scripted-upstream", daemon=True)
-            self._thread.start()
+            self._serve(_Server, type("Handler", (_Handler,), {"upstream": self}), "scripted-upstream")
         return self.base_url
 
     def stop(self) -> None:
         self._hang.set()
         with self._gate_cond:
             self.release(self._gate_waiting)
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-            self._server = None
+        self._shutdown()
         self._hang = threading.Event()
-
-    def __enter__(self) -> "ScriptedUpstream":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-    @property
-    def port(self) -> int:
-        assert self._server is not None, "not started"
-        return self._server.server_address[1]
-
-    @property
-    def root_url(self) -> str:
-        return f"http://{self._host}:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return self.root_url + "/v1"
 
     # ---- scripting -----------------------------------------------------------------------------------------
     def script(self, *replies: Reply) -> None:
@@ -762,18 +736,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- plumbing
     def _read_body(self) -> bytes:
-        if "chunked" in (self.headers.get("Transfer-Encoding") or "").lower():
-            data = b""
-            while True:
-                size = int(self.rfile.readline().split(b";")[0].strip() or b"0", 16)
-                if size == 0:
-                    while self.rfile.readline() not in (b"\r\n", b"\n", b""):
-                        pass
-                    return data
-                data += self.rfile.read(size)
-                self.rfile.readline()
-        n = int(self.headers.get("Content-Length") or 0)
-        return self.rfile.read(n) if n else b""
+        return read_request_body(self)
 
     def _send_json(self, status: int, obj: Any, raw: bytes | None = None) -> None:
         data = raw if raw is not None else _dumps(obj)

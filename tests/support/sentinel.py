@@ -15,12 +15,14 @@ from tests.support.tls import self_signed
 
 
 class Sentinel:
-    """A TLS server playing the real provider: counts every TCP connection it accepts."""
+    """A TLS server playing the real provider: counts every TCP connection it accepts and answers each with `body`.
+    Its certificate (`cert`, self-signed for `name`) is its own CA: another name makes it any TLS host of its own."""
 
-    def __init__(self, directory: str):
-        cert, key = self_signed(directory, "api.anthropic.com")
+    def __init__(self, directory: str, name: str = "api.anthropic.com", body: bytes = b"real-host"):
+        self.cert, key = self_signed(directory, name)
         self.ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        self.ctx.load_cert_chain(cert, key)
+        self.ctx.load_cert_chain(self.cert, key)
+        self.answer = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(16)
@@ -42,7 +44,7 @@ class Sentinel:
                 conn.settimeout(2)
                 with self.ctx.wrap_socket(conn, server_side=True) as tls:
                     tls.recv(65536)
-                    tls.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 9\r\nconnection: close\r\n\r\nreal-host")
+                    tls.sendall(self.answer)
             except (OSError, ssl.SSLError):
                 pass
 

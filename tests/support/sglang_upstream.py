@@ -14,7 +14,6 @@ Same script, tokenizer, template, parsers and faults as the vLLM stand-in; only 
 
 from __future__ import annotations
 
-import threading
 import time
 from http.server import ThreadingHTTPServer
 from typing import Any
@@ -44,11 +43,7 @@ class SGLangUpstream(ScriptedUpstream):
 
     def start(self) -> str:
         if self._server is None:
-            handler = type("Handler", (_SGLangHandler,), {"upstream": self})
-            self._server = ThreadingHTTPServer((self._host, self._port), handler)
-            self._server.daemon_threads = True
-            self._thread = threading.Thread(target=self._server.serve_forever, name="sglang-upstream", daemon=True)
-            self._thread.start()
+            self._serve(ThreadingHTTPServer, type("Handler", (_SGLangHandler,), {"upstream": self}), "sglang-upstream")
         return self.base_url
 
 

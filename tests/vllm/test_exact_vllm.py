@@ -17,8 +17,8 @@ import pytest
 
 from polar.addon import record as rec
 from polar.processor.cli import main as polar_process
-from tests.support.gateway import ROOT, start_gateway
-from tests.support.recording_relay import RecordingRelay
+from tests.support.gateway import ROOT, relayed_gateway
+from tests.support.sdk import openai_sdk
 from tests.support.vllm_server import shared_vllm
 
 pytestmark = pytest.mark.vllm
@@ -31,14 +31,10 @@ BASH = {"type": "function", "function": {"name": "bash", "description": "Run a s
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     server = shared_vllm("tiny")
-    relay = RecordingRelay(server.root_url)
-    relay.start()
     base = tmp_path_factory.mktemp("exact-vllm")
-    gw = start_gateway(relay.base_url, str(base / "run"), str(base / "flows"),
-                       sets=["polar_exact=true", "polar_sampling_override=temperature=1.6"])
-    yield relay, gw, base
-    gw.stop()
-    relay.stop()
+    with relayed_gateway(server.root_url, base,
+                         sets=["polar_exact=true", "polar_sampling_override=temperature=1.6"]) as (relay, gw):
+        yield relay, gw, base
 
 
 def _ids(blob):
@@ -46,23 +42,17 @@ def _ids(blob):
 
 
 def test_1_1_probe_accepts_vllm(setup):
-    import openai
-
     relay, gw, _ = setup
-    client = openai.OpenAI(api_key="sk", base_url="https://api.openai.com/v1", max_retries=0, timeout=300,
-                           http_client=gw.sdk_http_client("probe"))
+    client = openai_sdk(gw, "probe", api_key="sk", timeout=300)
     client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     assert "takes prompt token ids" in gw.log_text()
     assert gw.records()[-1]["exact"]["fallback_reason"] == "new_conversation"
 
 
 def test_1_2_three_turn_session_is_exact_and_merges_without_breaks(setup):
-    import openai
-
     relay, gw, base = setup
     gw.mark()
-    client = openai.OpenAI(api_key="sk", base_url="https://api.openai.com/v1", max_retries=0, timeout=300,
-                           http_client=gw.sdk_http_client("exact-s1"))
+    client = openai_sdk(gw, "exact-s1", api_key="sk", timeout=300)
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "List the files."}]
     r1 = client.chat.completions.create(model="gpt-4o", messages=msgs, tools=[BASH], tool_choice="required",
                                         max_tokens=200)

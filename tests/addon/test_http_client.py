@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar.addon.upstream import StreamClient
+from polar.addon.http_client import StreamClient
 
 pytestmark = pytest.mark.unit
 
