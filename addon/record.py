@@ -91,13 +91,13 @@ def version_problem(v: object) -> str | None:
 # ---------------------------------------------------------------------------------------------------- ids and arrays
 
 def is_constrained(chat_request: dict) -> bool:
-    """Whether a chat request constrains decoding: `tool_choice` required or naming a function, or a JSON-schema
-    response format (a plain `json_object` only asks for JSON). The one rule: the gateway fills the record's
+    """Whether a chat request constrains decoding: `tool_choice` required or naming a function (with tools to call:
+    without any, the choice is not sent), or a JSON-schema response format (a plain `json_object` only asks for JSON). The one rule: the gateway fills the record's
     `constrained` with it, and readers apply it to the `upstream_request` of older records that lack the field."""
     if not isinstance(chat_request, dict):
         return False
     choice = chat_request.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
+    if (choice == "required" or isinstance(choice, dict)) and chat_request.get("tools"):
         return True
     fmt = chat_request.get("response_format")
     return isinstance(fmt, dict) and fmt.get("type") == "json_schema"

@@ -343,23 +343,23 @@ def _tools(raw, notes: Notes) -> list[dict]:
 
 
 def _tool_choice(raw, tool_names: set[str], notes: Notes):
-    """(OpenAI tool_choice, constrained)."""
+    """The OpenAI tool_choice for Anthropic's."""
     if not isinstance(raw, dict) or not isinstance(raw.get("type"), str):
         raise _fail("tool_choice", "Input should be an object with a `type`")
     if raw.get("disable_parallel_tool_use") is True:
         notes.add("disable_parallel_tool_use")
     kind = raw["type"]
     if kind == "auto":
-        return "auto", False
+        return "auto"
     if kind == "none":
-        return "none", False
+        return "none"
     if kind == "any":
-        return "required", bool(tool_names)
+        return "required"
     if kind == "tool":
         name = raw.get("name")
         if not isinstance(name, str) or name not in tool_names:
             raise _fail("tool_choice.name", f"tool {name!r} is not among the request's custom tools")
-        return {"type": "function", "function": {"name": name}}, True
+        return {"type": "function", "function": {"name": name}}
     raise _fail("tool_choice.type", f"unknown tool_choice type {kind!r} (auto, any, tool, none)")
 
 
@@ -445,18 +445,16 @@ def _prefill(raw_messages: list, chat: dict, notes: Notes) -> None:
             notes.add("dropped_empty_prefill")
 
 
-def _tool_fields(body: dict, chat: dict, notes: Notes) -> bool:
-    """tools, tool_choice and parallel_tool_calls into `chat`; whether the choice constrains decoding."""
+def _tool_fields(body: dict, chat: dict, notes: Notes) -> None:
+    """tools, tool_choice and parallel_tool_calls into `chat`."""
     tools = _tools(body["tools"], notes) if body.get("tools") is not None else []
     if body.get("tools") is not None:
         chat["tools"] = tools
-    constrained = False
     if body.get("tool_choice") is not None:
         names = {t["function"]["name"] for t in tools}
-        chat["tool_choice"], constrained = _tool_choice(body["tool_choice"], names, notes)
+        chat["tool_choice"] = _tool_choice(body["tool_choice"], names, notes)
         if body["tool_choice"].get("disable_parallel_tool_use") is True:
             chat["parallel_tool_calls"] = False
-    return constrained
 
 
 def _sampling(body: dict, route: Route, chat: dict) -> None:
@@ -517,18 +515,17 @@ def to_chat(body, route: Route) -> ChatPlan:
     raw_messages, messages = _messages(body, route, notes)
     chat: dict = {"messages": messages}
     _prefill(raw_messages, chat, notes)
-    constrained = _tool_fields(body, chat, notes)
+    _tool_fields(body, chat, notes)
     _sampling(body, route, chat)
     extra = _thinking(body)
     response_format = _output_format(body, notes)
     if response_format is not None:
         chat["response_format"] = response_format
-        constrained = True
     for key in body:
         if key not in _HANDLED_FIELDS or (key in _IGNORED_FIELDS and body[key] is not None):
             notes.add(f"ignored:{key}")
     return ChatPlan(chat=chat, stream=stream, model_requested=model, normalizations=tuple(notes.items),
-                    constrained=constrained, extra=extra)
+                    extra=extra)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -36,6 +36,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
+from polar.addon.record import is_constrained
+
 RouteKind = Literal["generate", "count_tokens", "websocket", "not_found"]
 
 
@@ -67,8 +69,12 @@ class ChatPlan:
     model_requested: str | None
     normalizations: tuple[str, ...] = ()
     agent_top_logprobs: int | None = None  # the agent asked for logprobs itself (OpenAI chat); None = it did not
-    constrained: bool = False  # tool_choice required/named or a JSON-schema response format
     extra: dict = field(default_factory=dict)  # codec-private facts the Encoder needs (e.g. custom tool names)
+
+    @property
+    def constrained(self) -> bool:
+        """tool_choice required/named or a JSON-schema response format: the record's one rule, on this plan."""
+        return is_constrained(self.chat)
 
 
 @dataclass(frozen=True)

@@ -520,7 +520,7 @@ def _messages(body: dict, route: Route, notes: Notes) -> list[dict]:
     return messages
 
 
-def _generation_config(gc: dict, chat: dict, notes: Notes, schema_notes: set[str]) -> bool:
+def _generation_config(gc: dict, chat: dict, notes: Notes, schema_notes: set[str]) -> None:
     """generationConfig's sampling, stop and response format into `chat`; whether a JSON schema constrains it."""
     for src, dst in (("temperature", "temperature"), ("topP", "top_p"), ("topK", "top_k"),
                      ("maxOutputTokens", "max_tokens"), ("seed", "seed"), ("presencePenalty", "presence_penalty"),
@@ -531,14 +531,12 @@ def _generation_config(gc: dict, chat: dict, notes: Notes, schema_notes: set[str
         chat["stop"] = list(gc["stopSequences"])
     if (gc.get("candidateCount") or 1) > 1:
         raise AgentInputError("candidateCount > 1 is not supported: this gateway generates one candidate")
-    constrained = False
     mime = gc.get("responseMimeType")
     schema = gc.get("responseJsonSchema", gc.get("responseSchema"))
     if mime == "application/json":
         if schema is not None:
             chat["response_format"] = {"type": "json_schema", "json_schema": {
                 "name": "response", "schema": to_json_schema(schema, schema_notes), "strict": True}}
-            constrained = True
         else:
             chat["response_format"] = {"type": "json_object"}
     elif mime not in (None, "text/plain"):
@@ -550,7 +548,6 @@ def _generation_config(gc: dict, chat: dict, notes: Notes, schema_notes: set[str
     for ignored in ("responseModalities", "speechConfig", "mediaResolution", "imageConfig"):
         if ignored in gc and gc[ignored] not in (None, [], ["TEXT"]):
             notes.add(f"ignored:{ignored}")
-    return constrained
 
 
 def to_chat(body: dict, route: Route) -> ChatPlan:
@@ -572,12 +569,11 @@ def to_chat(body: dict, route: Route) -> ChatPlan:
     choice = _tool_choice(body, tools, notes)
     if choice is not None and tools:
         chat["tool_choice"] = choice
-    constrained = isinstance(chat.get("tool_choice"), dict) or chat.get("tool_choice") == "required"
 
     gc = body.get("generationConfig") or {}
     if not isinstance(gc, dict):
         raise AgentInputError("generationConfig must be an object")
-    constrained = _generation_config(gc, chat, notes, schema_notes) or constrained
+    _generation_config(gc, chat, notes, schema_notes)
     if body.get("safetySettings"):
         notes.add("ignored:safetySettings")
     thinking, include_thoughts = _thinking(gc)
@@ -585,7 +581,7 @@ def to_chat(body: dict, route: Route) -> ChatPlan:
         notes.add(note)
 
     return ChatPlan(chat=chat, stream=bool(route.stream), model_requested=route.model,
-                    normalizations=notes.items, constrained=constrained,
+                    normalizations=notes.items,
                     extra={"thinking": thinking, "include_thoughts": include_thoughts})
 
 

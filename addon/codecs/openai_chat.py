@@ -293,14 +293,14 @@ def _tools(value: Any, notes: Notes) -> list[dict]:
     return tools
 
 
-def _tool_choice(value: Any, tools: list[dict] | None) -> tuple[Any, bool]:
-    """The agent's tool_choice and whether it forces a call (constrained decoding)."""
+def _tool_choice(value: Any, tools: list[dict] | None) -> Any:
+    """The agent's tool_choice, checked against its tools."""
     if value in ("none", "auto"):
-        return value, False
+        return value
     if value == "required":
         if not tools:
             raise _fail("'tool_choice': 'required' needs a non-empty 'tools'")
-        return value, True
+        return value
     if isinstance(value, dict) and value.get("type") == "function":
         fn = value.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
@@ -308,23 +308,23 @@ def _tool_choice(value: Any, tools: list[dict] | None) -> tuple[Any, bool]:
             raise _fail("'tool_choice': a named choice needs 'function': {'name': string}")
         if name not in {t["function"]["name"] for t in tools or ()}:
             raise _fail(f"'tool_choice': function {name!r} is not in 'tools'")
-        return {"type": "function", "function": {"name": name}}, True
+        return {"type": "function", "function": {"name": name}}
     raise _fail("'tool_choice' must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name'}}")
 
 
-def _response_format(value: Any) -> tuple[dict, bool]:
+def _response_format(value: Any) -> dict:
     if not isinstance(value, dict):
         raise _fail("'response_format' must be an object")
     kind = value.get("type")
     if kind in ("text", "json_object"):
-        return {"type": kind}, False
+        return {"type": kind}
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
             raise _fail("'response_format': json_schema needs 'json_schema': {'name', 'schema'}")
         if spec.get("schema") is not None and not isinstance(spec["schema"], dict):
             raise _fail("'response_format': 'json_schema.schema' must be an object")
-        return {"type": "json_schema", "json_schema": spec}, True
+        return {"type": "json_schema", "json_schema": spec}
     raise _fail(f"'response_format': type {kind!r} is not supported (text, json_object, json_schema)")
 
 
@@ -355,23 +355,20 @@ def _thinking(body: dict, notes: Notes) -> bool | None:
     return intent
 
 
-def _tool_fields(body: dict, chat: dict, notes: Notes) -> bool:
-    """tools, tool_choice and parallel_tool_calls into `chat`; whether the choice forces a call."""
+def _tool_fields(body: dict, chat: dict, notes: Notes) -> None:
+    """tools, tool_choice and parallel_tool_calls into `chat`."""
     if body.get("functions") is not None or body.get("function_call") is not None:
         raise _fail("'functions'/'function_call' (the deprecated functions API) are not supported; use tools")
-    constrained = False
     tools = None
     if body.get("tools") is not None:
         tools = _tools(body["tools"], notes)
         chat["tools"] = tools
     if body.get("tool_choice") is not None:
-        chat["tool_choice"], forced = _tool_choice(body["tool_choice"], tools)
-        constrained = constrained or forced
+        chat["tool_choice"] = _tool_choice(body["tool_choice"], tools)
     if body.get("parallel_tool_calls") is not None:
         if not isinstance(body["parallel_tool_calls"], bool):
             raise _fail("'parallel_tool_calls' must be a boolean")
         chat["parallel_tool_calls"] = body["parallel_tool_calls"]
-    return constrained
 
 
 def _sampling(body: dict, chat: dict) -> None:
@@ -481,12 +478,11 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
     if not isinstance(messages, list) or not messages:
         raise _fail("'messages' must be a non-empty list")
     chat: dict[str, Any] = {"messages": [_message(m, i, notes) for i, m in enumerate(messages)]}
-    constrained = _tool_fields(body, chat, notes)
+    _tool_fields(body, chat, notes)
     _sampling(body, chat)
     _limits(body, chat, notes)
     if body.get("response_format") is not None:
-        chat["response_format"], schema = _response_format(body["response_format"])
-        constrained = constrained or schema
+        chat["response_format"] = _response_format(body["response_format"])
     agent_top_logprobs = _agent_logprobs(body)
     stream, include_usage = _stream(body)
     thinking = _thinking(body, notes)
@@ -501,7 +497,6 @@ def to_chat(body: Any, route: Route | None = None) -> ChatPlan:
         model_requested=model,
         normalizations=tuple(notes.items),
         agent_top_logprobs=agent_top_logprobs,
-        constrained=constrained,
         extra={"include_usage": include_usage, "thinking": thinking},
     )
 

@@ -439,14 +439,10 @@ class _Folder:
             self.notes.add(f"dropped_item:{kind}")
 
 
-def _tool_choice(choice: Any, tools: _Tools) -> tuple[Any, bool]:
-    """The chat tool_choice and whether it constrains decoding."""
-    if choice is None:
-        return None, False
-    if choice in ("auto", "none"):
-        return choice, False
-    if choice == "required":
-        return choice, True
+def _tool_choice(choice: Any, tools: _Tools) -> Any:
+    """The chat tool_choice, checked against the tools (allowed_tools filters them)."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
     if isinstance(choice, dict):
         kind = choice.get("type")
         if kind in ("function", "custom"):
@@ -456,7 +452,7 @@ def _tool_choice(choice: Any, tools: _Tools) -> tuple[Any, bool]:
             chat_name = chat_tool_name(name, choice.get("namespace"))
             if chat_name not in tools.names:
                 raise _fail(f"tool_choice names {name!r}, which is not among the tools")
-            return {"type": "function", "function": {"name": chat_name}}, True
+            return {"type": "function", "function": {"name": chat_name}}
         if kind == "allowed_tools":
             mode = choice.get("mode", "auto")
             allowed = set()
@@ -467,26 +463,26 @@ def _tool_choice(choice: Any, tools: _Tools) -> tuple[Any, bool]:
             tools.notes.add("allowed_tools_filtered")
             if mode not in ("auto", "required"):
                 raise _fail("tool_choice.mode must be 'auto' or 'required'")
-            return mode, mode == "required"
+            return mode
         if kind in _SERVER_TOOLS or (isinstance(kind, str) and kind.startswith("web_search")):
             raise _fail(f"tool_choice {kind!r} forces a server-side tool, which this gateway cannot run")
     raise _fail(f"tool_choice {choice!r} is not supported")
 
 
-def _response_format(text: Any, notes: Notes) -> tuple[dict | None, bool]:
+def _response_format(text: Any, notes: Notes) -> dict | None:
     if text is None:
-        return None, False
+        return None
     if not isinstance(text, dict):
         raise _fail("'text' must be an object")
     if text.get("verbosity") is not None:
         notes.add("dropped_text_verbosity")
     fmt = text.get("format")
     if fmt is None or (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        return None, False
+        return None
     if not isinstance(fmt, dict):
         raise _fail("text.format must be an object")
     if fmt.get("type") == "json_object":
-        return {"type": "json_object"}, False
+        return {"type": "json_object"}
     if fmt.get("type") == "json_schema":
         if not isinstance(fmt.get("schema"), dict):
             raise _fail("text.format json_schema needs a 'schema' object")
@@ -494,7 +490,7 @@ def _response_format(text: Any, notes: Notes) -> tuple[dict | None, bool]:
         for key in ("strict", "description"):
             if fmt.get(key) is not None:
                 schema[key] = fmt[key]
-        return {"type": "json_schema", "json_schema": schema}, True
+        return {"type": "json_schema", "json_schema": schema}
     raise _fail(f"text.format type {fmt.get('type')!r} is not supported")
 
 
@@ -543,22 +539,20 @@ def _fold_input(body: dict, tools: _Tools, folder: _Folder) -> None:
         raise _fail("the request has no input: send `input` (a string or a list of items)")
 
 
-def _tool_fields(body: dict, tools: _Tools, chat: dict, notes: Notes) -> bool:
-    """tools, tool_choice and parallel_tool_calls into `chat`; whether the choice constrains decoding."""
-    choice, constrained = _tool_choice(body.get("tool_choice"), tools)
+def _tool_fields(body: dict, tools: _Tools, chat: dict, notes: Notes) -> None:
+    """tools, tool_choice and parallel_tool_calls into `chat`."""
+    choice = _tool_choice(body.get("tool_choice"), tools)
     if tools.chat:
         chat["tools"] = tools.chat
         if choice is not None:
             chat["tool_choice"] = choice
     elif choice is not None and choice != "none":
         notes.add("dropped_tool_choice_without_tools")
-        constrained = False
     if body.get("parallel_tool_calls") is not None:
         if not isinstance(body["parallel_tool_calls"], bool):
             raise _fail("'parallel_tool_calls' must be a boolean")
         if tools.chat:
             chat["parallel_tool_calls"] = body["parallel_tool_calls"]
-    return constrained
 
 
 def _sampling(body: dict, chat: dict) -> None:
@@ -621,9 +615,9 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
     _fold_input(body, tools, folder)
 
     chat: dict[str, Any] = {"messages": folder.messages}
-    constrained = _tool_fields(body, tools, chat, notes)
+    _tool_fields(body, tools, chat, notes)
     _sampling(body, chat)
-    response_format, constrained_format = _response_format(body.get("text"), notes)
+    response_format = _response_format(body.get("text"), notes)
     if response_format is not None:
         chat["response_format"] = response_format
     include, agent_top_logprobs = _include(body, notes)
@@ -644,7 +638,7 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
     }
     return ChatPlan(chat=chat, stream=bool(body.get("stream")), model_requested=model if isinstance(model, str)
                     else None, normalizations=tuple(notes.items), agent_top_logprobs=agent_top_logprobs,
-                    constrained=constrained or constrained_format, extra=extra)
+                    extra=extra)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -184,3 +184,29 @@ def test_4_4_inspector_decodes_prompt_tail_ids_like_prompt_token_ids(tmp_path, c
     assert rec.main([str(path), "--full"]) == 0
     full = [json.loads(x) for x in capsys.readouterr().out.splitlines() if x.startswith("{")]
     assert full[1]["prompt_tail_ids"] == [7, 8] and full[1]["prompt_token_ids"] == [1, 2, 3, 4, 7, 8]
+
+
+# -- 5. building and validating a record -----------------------------------------------------------------------------
+
+
+def test_5_1_new_record_and_validate():
+    r = rec.new_record(id="x", session="s")
+    assert set(r) == set(rec.FIELDS) and r["session"] == "s" and r["constrained"] is None
+    rec.validate(r)
+    with pytest.raises(ValueError, match="not record fields"):
+        rec.new_record(sesion="s")
+    for bad, match in [(dict(completion_token_ids=rec.pack_ids([1, 2]), completion_logprobs=rec.pack_floats([0.0])),
+                        "one logprob"), (dict(completion_logprobs=rec.pack_floats([0.0])), "one logprob"),
+                       (dict(prompt_token_ids=b"abc"), "4-byte"), (dict(error={"stage": "oops"}), "stage")]:
+        with pytest.raises(ValueError, match=match):
+            rec.validate(rec.new_record(**bad))
+
+
+@pytest.mark.parametrize("chat,constrained", [
+    ({"tool_choice": "required", "tools": [{}]}, True), ({"tool_choice": {"type": "function"}, "tools": [{}]}, True),
+    ({"tool_choice": "required"}, False), ({"tool_choice": "required", "tools": []}, False),
+    ({"response_format": {"type": "json_schema"}}, True), ({"response_format": {"type": "json_object"}}, False),
+    ({"tool_choice": "auto"}, False), ({}, False), (None, False),
+])
+def test_5_2_is_constrained_is_the_one_rule(chat, constrained):
+    assert rec.is_constrained(chat) is constrained
