@@ -1,12 +1,14 @@
 """PolarGateway — the mitmproxy addon: decrypt provider hosts only, answer their calls from the gateway endpoint.
 
-Hooks, in the order a connection meets them: http_connect (proxy credentials → session), next_layer (divert a
+Hooks, in the order a connection meets them: http_connect (proxy credentials → session; with
+polar_other_hosts=refuse a CONNECT to a host outside polar_hosts gets 403 and no tunnel), next_layer (divert a
 provider tunnel below mitmproxy's HTTP layer: mitmproxy terminates TLS and relays the decrypted bytes to our endpoint
 on 127.0.0.1, which parses the agent's HTTP itself — no HTTP flow, no per-call hooks), tls_clienthello (decrypt
 providers only), server_connected (tell the endpoint which agent connection each hop carries).
 Fallback for what is not diverted (polar_divert=false, plain-http proxy requests, other proxy modes, a failing-closed
 gateway, an endpoint not started yet): request (reroute a provider flow to our endpoint, or answer 503; never let
-it reach the real host) and responseheaders (relay our bytes as they come). Either way the endpoint answers each
+it reach the real host; with refuse, every other plain-HTTP request but the readiness probe gets 403) and
+responseheaders (relay our bytes as they come). Either way the endpoint answers each
 call through `call.handle_call`.
 """
 
@@ -48,7 +50,17 @@ async def _close_backend(backend: Backend) -> None:
     await backend.close()
 
 READY_HOST = "polar.gateway"  # `curl -x <proxy> http://polar.gateway/ready` — the readiness probe of scripts/proxy
+READY_PATH = "/ready"
 ENDPOINT_HOST = "127.0.0.1"
+
+
+def _package_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("polar-gateway")
+    except Exception:  # noqa: BLE001 — not installed as a distribution (a bare checkout): unknown
+        return None
 
 
 class PolarGateway:
@@ -59,6 +71,10 @@ class PolarGateway:
         # Diverted tunnels by agent connection id: (id of the hop's server connection, CONNECT host, port).
         self.tunnels: dict[str, tuple[str, str, int]] = {}
         self.served = {"diverted": 0, "rerouted": 0}  # calls per path (the readiness answer shows them)
+        # Client TLS handshakes that failed, per proxy user (an agent that does not trust our CA): readiness shows
+        # them so a rollout's preflight can say which sample could not connect. Bounded.
+        self.tls_failures: dict[str, int] = {}
+        self.refused = 0  # requests polar_other_hosts=refuse answered 403
         self.endpoint = Endpoint(self._serve, body_cap=self._body_cap)
         self.writer: FlowWriter | None = None
         self.backend: Backend | None = None
@@ -205,6 +221,26 @@ class PolarGateway:
 
     def http_connect(self, flow: http.HTTPFlow) -> None:
         self.conn_users[flow.client_conn.id] = sessions.proxy_user(flow.request.headers.get("proxy-authorization"))
+        req = flow.request
+        if self._refuses_others() and not hostlist.is_provider(self.hosts, req.host, req.port):
+            self._refuse(flow, f"CONNECT {req.host}:{req.port}")  # no tunnel: mitmproxy answers 403 and closes
+
+    def _refuses_others(self) -> bool:
+        """polar_other_hosts: anything but a valid `tunnel` refuses (a bad value fails closed here too)."""
+        if self.options is not None and self.failure is None:
+            return self.options.other_hosts != "tunnel"
+        return str(getattr(ctx.options, "polar_other_hosts", "tunnel")) != "tunnel"
+
+    def _refuse(self, flow: http.HTTPFlow, what: str) -> None:
+        self.refused += 1
+        flow.response = http.Response.make(
+            403, f"polar gateway: {what} refused: polar_other_hosts=refuse serves provider hosts only\n",
+            {"content-type": "text/plain; charset=utf-8"})
+
+    def tls_failed_client(self, data: tls.TlsData) -> None:
+        user = self.conn_users.get(data.context.client.id) or ""
+        if user in self.tls_failures or len(self.tls_failures) < 1000:
+            self.tls_failures[user] = self.tls_failures.get(user, 0) + 1
 
     def client_disconnected(self, client) -> None:
         self.conn_users.pop(client.id, None)
@@ -296,8 +332,13 @@ class PolarGateway:
         if flow.response is not None:
             return
         req = flow.request
-        if req.pretty_host == READY_HOST and not req.scheme == "https":
+        refuse = self._refuses_others()
+        if req.pretty_host == READY_HOST and not req.scheme == "https" and (
+                not refuse or req.path.split("?", 1)[0] == READY_PATH):
             self._answer_ready(flow)
+            return
+        if refuse and (req.scheme != "https" or not self._is_provider_flow(flow)):
+            self._refuse(flow, f"{req.method} {req.scheme}://{req.pretty_host}:{req.port}{req.path[:200]}")
             return
         if not self._is_provider_flow(flow):
             return
@@ -341,6 +382,10 @@ class PolarGateway:
         if self.failure is not None:
             info.update(error=f"polar gateway: {self.failure}", fail_closed=True)
         info["served"] = dict(self.served)
+        o = self.options
+        info.update(other_hosts="refuse" if self._refuses_others() else "tunnel",
+                    exact=bool(o.exact) if o is not None else False, version=_package_version(),
+                    tls_failures=dict(self.tls_failures), refused=self.refused)
         flow.response = http.Response.make(200 if ready else 503, orjson.dumps(info),
                                            {"content-type": "application/json"})
 
@@ -401,20 +446,28 @@ class PolarGateway:
         `Expect: 100-continue` the endpoint answered, as mitmproxy drops it), host from the Host header (else the
         CONNECT host) and the CONNECT port, path without `key=`, body decoded per Content-Encoding."""
         h = request.handoff
-        headers = [(k.decode("utf-8", "surrogateescape"), v.decode("utf-8", "surrogateescape"))
-                   for k, v in request.headers]
-        headers = [(k, v) for k, v in headers if not (k.lower() == "expect" and v.lower() == "100-continue")]
-        host_header = next((v for k, v in headers if k.lower() == "host"), None)
+        headers: list[tuple[str, str]] = []
+        host_header = proxy_auth = None
+        encodings: list[str] = []
+        for raw_name, raw_value in request.headers:  # one pass: the call's only per-header work on this path
+            name, value = raw_name.decode("utf-8", "surrogateescape"), raw_value.decode("utf-8", "surrogateescape")
+            lower = name.lower()
+            if lower == "expect" and value.lower() == "100-continue":
+                continue
+            if lower == "host" and host_header is None:
+                host_header = value
+            elif lower == "content-encoding":
+                encodings.append(value)
+            elif lower == "proxy-authorization" and proxy_auth is None:
+                proxy_auth = value
+            headers.append((name, value))
         host = url.parse_authority(host_header, check=False)[0] if host_header else h.host
         raw_path = request.target
         if not raw_path.startswith("/") and "://" in raw_path:  # absolute-form inside the tunnel
             rest = raw_path.split("://", 1)[1]
             raw_path = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
         path, _ = strip_key_param(raw_path)
-        conn_user = h.conn_user
-        if conn_user is None:
-            conn_user = sessions.proxy_user(next((v for k, v in headers if k.lower() == "proxy-authorization"), None))
-        encodings = [v for k, v in headers if k.lower() == "content-encoding"]
+        conn_user = h.conn_user if h.conn_user is not None else sessions.proxy_user(proxy_auth)
         content_encoding = ", ".join(encodings) if encodings else None
         pending = PendingCall(
             record_id=uuid7(), conn_id=h.conn_id, host=host.lower(), port=h.port, method=request.method,

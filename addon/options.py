@@ -62,6 +62,7 @@ class GatewayOptions:
     exact: bool
     exact_cache_bytes: int
     divert: bool
+    other_hosts: str = "tunnel"
 
 
 # Numbers are str options: mitmproxy's --set cannot parse float options (NotImplementedError at startup).
@@ -105,6 +106,10 @@ OPTIONS: tuple[Option, ...] = (
            "Serve provider tunnels below mitmproxy's HTTP layer: mitmproxy only does TLS and relays the decrypted "
            "bytes to the gateway's endpoint (false: the request-hook reroute, two HTTP exchanges per call).",
            'true or false (or the value omitted, meaning true)'),
+    Option("polar_other_hosts", str, "tunnel",
+           "Traffic that is not a provider's: tunnel (relayed raw, undecrypted) or refuse (every CONNECT to a host "
+           "outside polar_hosts and every plain-HTTP request but the readiness probe gets 403; sandboxed rollouts).",
+           "tunnel or refuse"),
 )
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
@@ -199,6 +204,7 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
     cache_mb = _number("polar_exact_cache_mb", v["polar_exact_cache_mb"])
     if not isinstance(v["polar_divert"], bool):
         raise OptionError("polar_divert", BY_NAME["polar_divert"].expects, v["polar_divert"])
+    other_hosts = _choice("polar_other_hosts", v["polar_other_hosts"], ("tunnel", "refuse"))
     return GatewayOptions(
         upstream=upstream, flows=flows, model=model, hosts=hosts, backend=backend, upstream_api_key=api_key,
         connect_timeout=numbers["polar_connect_timeout"], first_byte_timeout=numbers["polar_first_byte_timeout"],
@@ -207,6 +213,7 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
         rotate_mb=numbers["polar_rotate_mb"], min_free_mb=numbers["polar_min_free_mb"],
         logprobs_mode=logprobs_mode, thinking_kwarg=thinking_kwarg, sampling_override=override,
         exact=v["polar_exact"], exact_cache_bytes=int(cache_mb * 1024 * 1024), divert=v["polar_divert"],
+        other_hosts=other_hosts,
     )
 
 

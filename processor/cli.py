@@ -22,6 +22,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
     """Every option's help says what it does and its default (a test holds each to that)."""
     p = argparse.ArgumentParser(
@@ -74,6 +81,20 @@ def parser() -> argparse.ArgumentParser:
                         "(default: $RAY_ADDRESS, else a local Ray on this machine)")
     p.add_argument("--ray-partitions", type=_positive_int, metavar="N",
                    help="session partitions (stable hash), one Ray task each (default: 4 × the cluster's CPUs)")
+    p.add_argument("--session-prefix", action="append", default=[], metavar="P",
+                   help="keep only sessions whose id starts with P (repeatable: any of them); the others, and calls "
+                        "without a session, are left out and counted in report.json (counts.sessions_other_prefix, "
+                        "counts.calls_other_prefix) (default: every session)")
+    p.add_argument("--report-max-mb", type=_positive_float, default=50.0, metavar="N",
+                   help="report.html's size bound in MB; past it token strips are left out, broken and flagged "
+                        "sessions keeping theirs first, and the report says how many (default: 50)")
+    p.add_argument("--report-no-text", action="store_true",
+                   help="leave conversation text (messages, answers, token text) out of report.html (default: off; "
+                        "the report says at its top when it holds text)")
+    p.add_argument("--vocab", action="append", default=[], metavar="[MODEL=]DIR",
+                   help="tokenizer.json (or a directory holding one) whose vocabulary gives report.html's token text, "
+                        "for every model or for MODEL (repeatable); report only, never the end-of-turn set "
+                        "(default: none, token ids)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     p.add_argument("-q", "--quiet", action="store_true",
@@ -96,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         tokenizers=tuple(args.tokenizer), rewards=args.rewards, max_batch_tokens=args.max_batch_tokens,
         sft_min_reward=args.sft_min_reward, side_chains=args.side_chains, on_mismatch=args.on_mismatch,
         overwrite=args.overwrite, incremental=args.incremental, engine=args.engine, ray_address=args.ray_address,
-        ray_partitions=args.ray_partitions, allow_empty=args.allow_empty)
+        ray_partitions=args.ray_partitions, allow_empty=args.allow_empty, session_prefix=tuple(args.session_prefix),
+        report_max_mb=args.report_max_mb, report_no_text=args.report_no_text, vocab=tuple(args.vocab))
     show = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         report = pipeline.process(opts, pipeline.Progress(show and not args.quiet))
@@ -108,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"polar-process: warning: {warning}", file=sys.stderr)
     if not args.quiet:
         print(summary(report))
+        if args.session_prefix:
+            c = report["counts"]
+            print(f"session prefix {' | '.join(map(repr, args.session_prefix))}: {c['sessions_other_prefix']} other "
+                  f"session(s) ({c['calls_other_prefix']} calls) left out")
     return 0
 
 

@@ -46,7 +46,10 @@ MANIFEST = "manifest.json"
 STATE = "state"
 VERSION = 1
 # The options that decide a group's merge: a run with others cannot reuse a previous run's merges.
-FINGERPRINT = ("mode", "eot_token_ids", "tokenizers", "max_batch_tokens", "side_chains", "on_mismatch")
+FINGERPRINT = ("mode", "eot_token_ids", "tokenizers", "max_batch_tokens", "side_chains", "on_mismatch",
+               "session_prefix")
+# Fingerprint keys added after a manifest version first shipped, with the value an older manifest means.
+_ADDED = {"session_prefix": []}
 
 _INDEX_SCHEMA = {"file": pl.Utf8, "offset": pl.Int64, "length": pl.Int64, "session": pl.Utf8, "t_start": pl.Float64,
                  "id": pl.Utf8, "model_served": pl.Utf8, "finish_reason": pl.Utf8, "stop_reason": pl.Utf8,
@@ -101,7 +104,8 @@ def load(out: str) -> Prior | None:
 
 def check_options(prior: Prior, opts) -> None:
     old, new = prior.doc.get("options", {}), fingerprint(opts)
-    diffs = [f"--{k.replace('_', '-')} {old.get(k)!r} → {new[k]!r}" for k in FINGERPRINT if old.get(k) != new[k]]
+    diffs = [f"--{k.replace('_', '-')} {old.get(k, _ADDED.get(k))!r} → {new[k]!r}" for k in FINGERPRINT
+             if old.get(k, _ADDED.get(k)) != new[k]]
     if diffs:
         raise OutputError(f"--incremental: options differ from the run that wrote {prior.out}/{MANIFEST} "
                           f"({'; '.join(diffs)}); rerun with --overwrite")

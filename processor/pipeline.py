@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import orjson
 
@@ -23,6 +23,7 @@ from polar.processor import rewards as rw
 from polar.processor.engine import Engine, GroupProducts, LocalEngine, Settings
 from polar.processor.load import Index, InputError
 from polar.processor.report import ReportBuilder, named_sessions, render_html
+from polar.processor.viewer import Vocabs, ViewerBuilder
 from polar.processor.writers import (CALLS_SCHEMA, SEQUENCES_SCHEMA, BatchPacker, OutDir, StreamingParquet, calls_frame,
                                      sequences_frame)
 
@@ -45,12 +46,17 @@ class Options:
     ray_address: str | None = None
     ray_partitions: int | None = None
     allow_empty: bool = False
+    session_prefix: tuple[str, ...] = ()  # keep sessions starting with one of these (empty: every session)
+    report_max_mb: float = 50.0  # report.html's size bound: token strips are left out past it (viewer.py)
+    report_no_text: bool = False  # report.html without conversation text
+    vocab: tuple[str, ...] = ()  # [MODEL=]DIR: token text in report.html only (never the end-of-turn set)
 
 
 def process(opts: Options, progress: Progress | None = None) -> dict:
     """Run the whole pipeline; returns the report. Raises InputError / EotError / RewardsError / OutputError."""
     progress = progress or Progress(False)
     t0 = time.perf_counter()
+    vocabs = Vocabs.read(opts.vocab)  # a bad --vocab stops the run before OUT is touched
     prior = mf.previous_run(opts) if opts.incremental else None
     outdir = OutDir(opts.out, opts.overwrite or opts.incremental)
     engine: Engine | None = None
@@ -64,14 +70,15 @@ def process(opts: Options, progress: Progress | None = None) -> dict:
         index = plan.index
         if not index.entries and not opts.allow_empty:
             raise InputError(_no_records(opts.inputs, index))
-        groups = index.sessions()
-        eot = _end_of_turn(opts, index)
+        groups, other = _keep_prefixed(index.sessions(), opts.session_prefix)
+        eot = _end_of_turn(opts, index if not opts.session_prefix else replace(
+            index, entries=[e for entries in groups.values() for e in entries]))
         rewards = rw.read_rewards(opts.rewards, {s for s in groups if s is not None})
         settings = Settings(opts.mode, opts.on_mismatch, opts.max_batch_tokens, opts.side_chains, eot, rewards)
         order = _group_order(groups, rewards)
         rebuild = plan.rebuild(groups, eot)
 
-        outputs = _RunOutputs(outdir, opts, rewards)
+        outputs = _RunOutputs(outdir, opts, rewards, vocabs)
         done, n_records = 0, len(index.entries)
         for prod in plan.products(order, groups, rebuild, engine, settings):
             outputs.add(prod)
@@ -84,10 +91,12 @@ def process(opts: Options, progress: Progress | None = None) -> dict:
             index=index, eot=eot.describe(), rewards=rewards, options=_as_json(opts), outputs=outputs.counts(),
             seconds=time.perf_counter() - t0, warnings=_warnings(settings, outputs.report, rewards, index))
         doc["engine"] = engine.stats()
+        if opts.session_prefix:
+            doc["counts"].update(sessions_other_prefix=other[0], calls_other_prefix=other[1])
         if opts.incremental:
             doc["incremental"] = plan.describe(rebuild, len(order), eot)
         outputs.state.finish(index, eot, opts, doc.get("incremental"), plan.known_files)
-        _write_report(outdir, doc, outputs.report)
+        _write_report(outdir, doc, outputs, opts.out)
         outdir.commit()
         return doc
     except BaseException:
@@ -104,7 +113,7 @@ class _RunOutputs:
     """Every output file of one run but the report, fed one group's products at a time in the driver's order:
     calls.parquet, sequences.parquet, batches/, sft.jsonl, state/; and the report's sums."""
 
-    def __init__(self, outdir: OutDir, opts: Options, rewards: rw.Rewards):
+    def __init__(self, outdir: OutDir, opts: Options, rewards: rw.Rewards, vocabs: Vocabs):
         self.dir, self.opts, self.rewards = opts.out, opts, rewards
         self.sinks: list[StreamingParquet] = []
         self.sft = self.state = None
@@ -116,6 +125,7 @@ class _RunOutputs:
             os.makedirs(outdir.path("batches"), exist_ok=True)
             self.packer = BatchPacker(outdir.path("batches"), opts.max_batch_tokens)
             self.report = ReportBuilder(opts.mode)
+            self.viewer = ViewerBuilder(rewards, vocabs, not opts.report_no_text, opts.report_max_mb)
             self.state = mf.StateWriter(outdir.path("state"))
             self.sft = open(outdir.path("sft.jsonl"), "wb")
         except BaseException:
@@ -135,6 +145,7 @@ class _RunOutputs:
             self.sft.writelines(prod.sft_lines)
             self.sft_lines += len(prod.sft_lines)
         self.report.add(prod.report)
+        self.viewer.add(prod)
         self.state.add(prod)
 
     def _keeps_sft(self, session: str | None) -> bool:
@@ -196,11 +207,25 @@ def _as_json(opts: Options) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(opts).items()}
 
 
-def _write_report(outdir: OutDir, doc: dict, report: ReportBuilder) -> None:
+def _write_report(outdir: OutDir, doc: dict, outputs: _RunOutputs, out: str) -> None:
+    """report.json, then report.html: the overview, the session explorer, and the trainer's verify.json /
+    train.jsonl when OUT holds them."""
     with open(outdir.path("report.json"), "wb") as fh:
         fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+    page = render_html(doc, outputs.report.totals.seq_lengths, outputs.viewer.finish(),
+                       verify=os.path.join(out, "verify.json"), train=os.path.join(out, "train.jsonl"))
     with open(outdir.path("report.html"), "w", encoding="utf-8") as fh:
-        fh.write(render_html(doc, report.totals.seq_lengths))
+        fh.write(page)
+
+
+def _keep_prefixed(groups: dict, prefixes: tuple[str, ...]) -> tuple[dict, tuple[int, int]]:
+    """`--session-prefix`: the sessions starting with one of `prefixes` (all of them when there is none), and
+    (sessions, records) left out — the null-session group counts as one session."""
+    if not prefixes:
+        return groups, (0, 0)
+    kept = {s: e for s, e in groups.items() if s is not None and s.startswith(prefixes)}
+    left = [e for s, e in groups.items() if s not in kept]
+    return kept, (len(left), sum(map(len, left)))
 
 
 def _group_order(sessions, rewards: rw.Rewards):

@@ -1,5 +1,9 @@
 """report.json and a self-contained report.html (inline SVG, no CDN), plus the one-screen summary (DESIGN §3).
 
+report.html is the overview rendered here as static HTML (every value escaped) inside the page viewer.py builds
+around it: the session explorer, its embedded data and script. The trainer's files (verify.json, train.jsonl) are
+rendered into the overview when they are there (`trainer_sections`).
+
 Counting is split from summing: `ReportPartial.of` counts one group wherever an engine runs it, and `ReportBuilder`
 adds the groups' shares in the driver's order, so the report is the same for every engine and for groups an
 incremental run carries over."""
@@ -8,12 +12,17 @@ from __future__ import annotations
 
 import bisect
 import html
+import math
+import os
 from collections import Counter
 from dataclasses import dataclass, field
+
+import orjson
 
 from polar.processor.eot import occurring
 from polar.processor.merge import FLAGS, GroupResult, Note
 from polar.processor.normalize import Call
+from polar.processor.viewer import ROW_COLS, page
 
 REPORT_VERSION = 1
 
@@ -308,37 +317,92 @@ def _svg_histogram(values: list[int], title: str, xlabel: str, bins: int = 30) -
             f'<text x="{pad - 4}" y="{pad}" font-size="11" text-anchor="end">{top}</text></svg></figure>')
 
 
-def _svg_bars(items: list[tuple[str, float]], title: str, ylabel: str) -> str:
-    w, h, pad = 640, 220, 40
-    if not items:
+def _svg_value_histogram(values: list[float], title: str, xlabel: str, bins: int = 20) -> str:
+    """Counts of real numbers in equal-width bins (one bin when every value is the same)."""
+    w, h, pad = 480, 200, 36
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
         return f"<p>{html.escape(title)}: no data</p>"
-    top = max(v for _, v in items) or 1.0
-    bw = (w - 2 * pad) / len(items)
+    lo, hi = min(vals), max(vals)
+    n = 1 if hi == lo else bins
+    width = (hi - lo) / n if n > 1 else 1.0
+    counts = [0] * n
+    for v in vals:
+        counts[min(n - 1, int((v - lo) / width)) if n > 1 else 0] += 1
+    top, bw = max(counts), (w - 2 * pad) / n
+    bars = []
+    for i, c in enumerate(counts):
+        a, b = lo + i * width, lo + (i + 1) * width
+        label = f"{a:.3g}" if n == 1 else f"{a:.3g}–{b:.3g}"
+        bh = (h - 2 * pad) * c / top
+        bars.append(f'<rect x="{pad + i * bw:.1f}" y="{h - pad - bh:.1f}" width="{max(bw - 1, 1):.1f}" '
+                    f'height="{bh:.1f}" fill="#4a7bd0"><title>{html.escape(label)}: {c}</title></rect>')
+    return _figure(title, w, h, "".join(bars) + _axes(w, h, pad, f"{lo:.3g}", f"{hi:.3g}", xlabel, top))
+
+
+def _axes(w: int, h: int, pad: int, lo: str, hi: str, xlabel: str, top: object) -> str:
+    return (f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#333"/>'
+            f'<text x="{pad}" y="{h - pad + 16}" font-size="11">{html.escape(lo)}</text>'
+            f'<text x="{w - pad}" y="{h - pad + 16}" font-size="11" text-anchor="end">{html.escape(hi)}</text>'
+            f'<text x="{w / 2}" y="{h - 6}" font-size="11" text-anchor="middle">{html.escape(xlabel)}</text>'
+            f'<text x="{pad - 4}" y="{pad}" font-size="11" text-anchor="end">{top}</text>')
+
+
+def _figure(title: str, w: int, h: int, body: str) -> str:
+    return (f'<figure><figcaption>{html.escape(title)}</figcaption><svg xmlns="http://www.w3.org/2000/svg" '
+            f'width="{w}" height="{h}" viewBox="0 0 {w} {h}" role="img">{body}</svg></figure>')
+
+
+def _svg_hbars(items: list[tuple[str, int]], title: str, color: str = "#d07b4a") -> str:
+    """One horizontal bar per (name, count), the count written at its end."""
+    if not items:
+        return f"<p>{html.escape(title)}: none</p>"
+    w, row, left = 480, 22, 150
+    top = max(v for _, v in items) or 1
+    h = row * len(items) + 10
     bars = []
     for i, (name, v) in enumerate(items):
-        bh = (h - 2 * pad) * v / top
-        bars.append(f'<rect x="{pad + i * bw:.2f}" y="{h - pad - bh:.1f}" width="{max(bw - 0.5, 0.5):.2f}" '
-                    f'height="{bh:.1f}" fill="#d07b4a"><title>{html.escape(name)}: {v:.2f}</title></rect>')
-    return (f'<figure><figcaption>{html.escape(title)}</figcaption><svg xmlns="http://www.w3.org/2000/svg" '
-            f'width="{w}" height="{h}" role="img">{"".join(bars)}'
-            f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="#333"/>'
-            f'<text x="{pad - 4}" y="{pad}" font-size="11" text-anchor="end">{top:.1f}</text>'
-            f'<text x="{w / 2}" y="{h - 6}" font-size="11" text-anchor="middle">{html.escape(ylabel)}</text>'
-            f'</svg></figure>')
+        bw = (w - left - 60) * v / top
+        y = 5 + i * row
+        bars.append(f'<text x="{left - 6}" y="{y + 15}" font-size="12" text-anchor="end">{html.escape(name)}</text>'
+                    f'<rect x="{left}" y="{y + 3}" width="{max(bw, 1 if v else 0):.1f}" height="{row - 6}" '
+                    f'fill="{color}"><title>{html.escape(name)}: {v}</title></rect>'
+                    f'<text x="{left + bw + 4:.1f}" y="{y + 15}" font-size="12">{v:,}</text>')
+    return _figure(title, w, h, "".join(bars))
 
 
-def _table(rows: dict[str, dict], key: str) -> str:
+def _table(rows: dict[str, dict], key: str, total: bool = False) -> str:
+    """Rows under their key; total: a last row summing every column (the tables that add up to the totals)."""
     if not rows:
         return "<p>none</p>"
     cols = list(next(iter(rows.values())))
     head = "".join(f"<th>{html.escape(c)}</th>" for c in [key, *cols])
-    body = "".join("<tr><td>" + html.escape(k) + "</td>" + "".join(f"<td>{v[c]}</td>" for c in cols) + "</tr>"
-                   for k, v in sorted(rows.items()))
-    return f"<table><tr>{head}</tr>{body}</table>"
+    body = "".join("<tr><td>" + html.escape(k) + "</td>" + "".join(f"<td>{html.escape(str(v[c]))}</td>" for c in cols)
+                   + "</tr>" for k, v in sorted(rows.items()))
+    foot = ""
+    if total:
+        sums = [sum(v[c] for v in rows.values() if isinstance(v[c], (int, float))) for c in cols]
+        foot = ('<tr class="total"><th scope="row">total</th>'
+                + "".join(f'<td class="sum">{n}</td>' for n in sums) + "</tr>")
+    return f"<table><tr>{head}</tr>{body}{foot}</table>"
 
 
-def render_html(report: dict, seq_lengths: list[int]) -> str:
-    """A page a person opens in a browser: counts, ratios, tables, plots, breaks. No external resources."""
+# ---------------------------------------------------------------------------------------------------- overview
+
+def _cards(report: dict) -> str:
+    c, t = report["counts"], report["tokens"]
+    ratio = report["merge_ratio"]
+    flagged = sum(report["flags"].values())
+    cards = [("sessions", f"{c['sessions']:,}"), ("calls", f"{c['calls']:,}"), ("sequences", f"{c['sequences']:,}"),
+             ("merge ratio", f"{ratio:.2f}" if ratio is not None else "n/a"), ("tokens", f"{t['total']:,}"),
+             ("trainable", f"{t['trainable'] / t['total']:.1%}" if t["total"] else "n/a"),
+             ("breaks", f"{len(report['breaks']):,}"), ("flags set", f"{flagged:,}"),
+             ("rewards joined", f"{report['rewards']['joined']:,}")]
+    return '<div class="cards">' + "".join(f"<div class=\"card\"><b>{html.escape(v)}</b><span>{html.escape(k)}</span>"
+                                           "</div>" for k, v in cards) + "</div>"
+
+
+def _key_values(report: dict) -> str:
     c, t = report["counts"], report["tokens"]
     ratio = report["merge_ratio"]
     kv = {
@@ -353,39 +417,208 @@ def render_html(report: dict, seq_lengths: list[int]) -> str:
         "rewards joined / missing / unmatched lines":
             f"{report['rewards']['joined']} / {report['rewards']['missing']} / {report['rewards']['unmatched_lines']}",
     }
-    sessions = report["sessions"]
-    shown = sorted(sessions, key=lambda s: -s["merge_ratio"])[:400]
-    breaks = report["breaks"][:500]
-    break_rows = "".join(
+    return "<table>" + "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>"
+                               for k, v in kv.items()) + "</table>"
+
+
+GROUPS_PLOTTED, GROUPS_LISTED = 40, 100
+
+
+def group_stats(viewer) -> list[dict]:
+    """Per reward group (the explorer's rows): sessions, rewards and advantages, in the driver's order."""
+    if viewer is None:
+        return []
+    gi, ri, ai = (ROW_COLS.index(k) for k in ("group", "reward", "advantage"))
+    by: dict[int, list] = {}
+    for e in viewer.entries:
+        if e.row[gi] >= 0:
+            by.setdefault(e.row[gi], []).append(e.row)
+    out = []
+    for g, rows in by.items():
+        rs = [r[ri] for r in rows if r[ri] is not None]
+        advs = [r[ai] for r in rows if r[ai] is not None]
+        mean = math.fsum(rs) / len(rs) if rs else None
+        sigma = math.sqrt(math.fsum((r - mean) ** 2 for r in rs) / len(rs)) if rs else None
+        out.append({"group": viewer.groups[g], "sessions": len(rows), "rewards": rs, "mean": mean, "sigma": sigma,
+                    "adv_min": min(advs) if advs else None, "adv_max": max(advs) if advs else None})
+    return out
+
+
+def _svg_group_rewards(stats: list[dict]) -> str:
+    """Each group's rewards as dots on a vertical range, its mean as a bar; the first GROUPS_PLOTTED groups."""
+    shown = [s for s in stats if s["rewards"]][:GROUPS_PLOTTED]
+    if not shown:
+        return "<p>Reward per group: no rewards joined (pass --rewards FILE)</p>"
+    w, h, pad = 720, 220, 40
+    lo = min(min(s["rewards"]) for s in shown)
+    hi = max(max(s["rewards"]) for s in shown)
+    span = (hi - lo) or 1.0
+    y = lambda r: h - pad - (h - 2 * pad) * (r - lo) / span  # noqa: E731
+    step = (w - 2 * pad) / len(shown)
+    parts = []
+    for i, s in enumerate(shown):
+        x = pad + (i + 0.5) * step
+        rs = s["rewards"]
+        tip = (f"{s['group']}: {len(rs)} rewarded, mean {s['mean']:.3g}, σ {s['sigma']:.3g}, advantage "
+               f"{_fmt(s['adv_min'])}…{_fmt(s['adv_max'])}")
+        dots = "".join(f'<circle cx="{x:.1f}" cy="{y(r):.1f}" r="3" fill="#4a7bd0" fill-opacity="0.6"/>' for r in rs)
+        parts.append(f'<g><title>{html.escape(tip)}</title>'
+                     f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{y(min(rs)):.1f}" y2="{y(max(rs)):.1f}" stroke="#9aa3b5"/>'
+                     f'{dots}<line x1="{x - step / 3:.1f}" x2="{x + step / 3:.1f}" y1="{y(s["mean"]):.1f}" '
+                     f'y2="{y(s["mean"]):.1f}" stroke="#d0493f" stroke-width="2"/></g>')
+    axes = _axes(w, h, pad, "", "", f"groups (first {len(shown)} of {len(stats)})", f"{hi:.3g}")
+    axes += f'<text x="{pad - 4}" y="{h - pad}" font-size="11" text-anchor="end">{lo:.3g}</text>'
+    return _figure("Reward per group (dots: sessions; red: mean)", w, h, "".join(parts) + axes)
+
+
+def _fmt(x: float | None) -> str:
+    return "–" if x is None else f"{x:.3g}"
+
+
+def _rewards_section(stats: list[dict]) -> str:
+    if not stats:
+        return "<h2>Rewards per group</h2><p>No reward groups (pass --rewards FILE with groups).</p>"
+    flat = sum(1 for s in stats if s["sigma"] == 0)
+    rows = "".join(f"<tr><td>{html.escape(s['group'])}</td><td>{s['sessions']}</td><td>{len(s['rewards'])}</td>"
+                   f"<td>{_fmt(s['mean'])}</td><td>{_fmt(min(s['rewards'], default=None))}</td>"
+                   f"<td>{_fmt(max(s['rewards'], default=None))}</td><td>{_fmt(s['sigma'])}</td>"
+                   f"<td>{_fmt(s['adv_min'])}</td><td>{_fmt(s['adv_max'])}</td></tr>" for s in stats[:GROUPS_LISTED])
+    more = f"<p>First {GROUPS_LISTED} of {len(stats)} groups; the Sessions view filters by group.</p>" \
+        if len(stats) > GROUPS_LISTED else ""
+    return ("<h2>Rewards per group</h2>"
+            f"<p>{len(stats):,} groups; {flat:,} with σ = 0 (every advantage 0: no learning signal).</p>"
+            + _svg_group_rewards(stats)
+            + _svg_value_histogram([s["sigma"] for s in stats if s["sigma"] is not None],
+                                   "Advantage spread: reward σ per group", "σ")
+            + "<table><tr><th>group</th><th>sessions</th><th>rewarded</th><th>mean</th><th>min</th><th>max</th>"
+              "<th>σ</th><th>advantage min</th><th>advantage max</th></tr>" + rows + "</table>" + more)
+
+
+def _breaks_table(report: dict, limit: int = 200) -> str:
+    breaks = report["breaks"][:limit]
+    rows = "".join(
         f"<tr><td>{html.escape(str(b['session']))}</td><td>{html.escape(b['chain_id'])}</td>"
         f"<td>{html.escape(b['call_id'])}</td><td>{html.escape(b['cause'])}</td><td>{b['token_pos']}</td></tr>"
         for b in breaks)
+    n = len(report["breaks"])
+    return (f"<h2>Breaks ({n}{f', first {limit}' if n > limit else ''})</h2>"
+            "<table><tr><th>session</th><th>chain_id</th><th>call_id</th><th>cause</th><th>token_pos</th></tr>"
+            f"{rows}</table>")
+
+
+def render_overview(report: dict, seq_lengths: list[int], viewer=None, trainer: str = "") -> str:
+    """The overview: counts, plots and tables, as static HTML (every value escaped)."""
     tails = "".join(f"<li>{html.escape(x['message'])}</li>" for x in report["inputs"]["torn_tails"])
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>polar-process report</title><style>",
-        "body{font:14px system-ui,sans-serif;margin:2em;max-width:72em}table{border-collapse:collapse;margin:.5em 0}",
-        "td,th{border:1px solid #ccc;padding:2px 8px;text-align:right}th{background:#eee}td:first-child{text-align:left}",
-        "figure{display:inline-block;margin:1em}figcaption{font-weight:600}</style></head><body>",
-        "<h1>polar-process report</h1>",
-        "".join(f"<p><strong>warning:</strong> {html.escape(w)}</p>" for w in report.get("warnings", [])),
-        "<table>",
-        "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(str(v))}</td></tr>" for k, v in kv.items()),
-        "</table>",
+    ratios = [s["merge_ratio"] for s in report["sessions"]]
+    return "".join([
+        "<h2>Overview</h2>", _cards(report),
+        "".join(f"<p class=\"notice\"><strong>warning:</strong> {html.escape(w)}</p>"
+                for w in report.get("warnings", [])),
+        _svg_value_histogram(ratios, f"Merge ratio per session (calls ÷ sequences; {len(ratios):,} sessions)",
+                             "merge ratio"),
         _svg_histogram(seq_lengths, "Sequence lengths (tokens; log-spaced bins)", "n_tokens"),
-        _svg_bars([(s["session"], s["merge_ratio"]) for s in shown],
-                  f"Merge ratio per session (calls ÷ sequences; {len(shown)} of {len(sessions)}, highest first)",
-                  "sessions"),
+        _svg_hbars(sorted(report["break_causes"].items(), key=lambda kv: -kv[1]), "Break causes (sequences)",
+                   "#d0493f"),
+        _svg_hbars([(k, v) for k, v in report["flags"].items()], "Flags (sequences)", "#d08b28"),
+        _rewards_section(group_stats(viewer)),
+        "<h2>Per protocol</h2>", _table(report["per_protocol"], "protocol", total=True),
+        "<h2>Per model</h2>", _table(report["per_model"], "model_served", total=True),
+        trainer,
+        "<h2>Counts</h2>", _key_values(report),
         "<h2>Break causes</h2>", _table({k: {"count": v} for k, v in report["break_causes"].items()}, "cause"),
         "<h2>Flags</h2>", _table({k: {"sequences": v} for k, v in report["flags"].items()}, "flag"),
-        "<h2>Per protocol</h2>", _table(report["per_protocol"], "protocol"),
-        "<h2>Per model</h2>", _table(report["per_model"], "model_served"),
-        "<h2>End-of-turn sets</h2>", _table({k: {"ids": v["ids"], "source": html.escape(str(v["source"]))}
+        "<h2>End-of-turn sets</h2>", _table({k: {"ids": v["ids"], "source": str(v["source"])}
                                              for k, v in report["eot"].items()}, "model"),
-        f"<h2>Breaks ({len(report['breaks'])}{', first 500' if len(report['breaks']) > 500 else ''})</h2>",
-        "<table><tr><th>session</th><th>chain_id</th><th>call_id</th><th>cause</th><th>token_pos</th></tr>",
-        break_rows, "</table>",
+        _breaks_table(report),
         f"<h2>Inputs</h2><p>{report['inputs']['files']} files, {len(report['inputs']['open_files'])} open</p>",
         f"<ul>{tails}</ul>" if tails else "",
-        "</body></html>",
-    ]
-    return "".join(parts)
+    ])
+
+
+def render_html(report: dict, seq_lengths: list[int], viewer=None, verify: str | None = None,
+                train: str | None = None) -> str:
+    """The self-contained page: the overview, then the session explorer over `viewer` (a viewer.ViewerData), and
+    the trainer's verify gaps / train curve when their files are given (`trainer_sections`)."""
+    return page(render_overview(report, seq_lengths, viewer, trainer_sections(verify, train)), viewer)
+
+
+# ---------------------------------------------------------------------------------------------------- trainer
+
+def _read_verify(path: str) -> list[dict]:
+    """verify.json: a list of per-sequence rows, or {"sequences": [...]} (polar-verify's per-sequence gaps)."""
+    with open(path, "rb") as fh:
+        doc = orjson.loads(fh.read())
+    rows = doc.get("sequences") if isinstance(doc, dict) else doc
+    if not isinstance(rows, list):
+        raise ValueError("expected a list of sequences or {\"sequences\": [...]}")
+    return [r for r in rows if isinstance(r, dict)]
+
+
+def _read_train(path: str) -> list[dict]:
+    """train.jsonl: one JSON object per optimizer step (polar-train), blank lines skipped."""
+    out = []
+    with open(path, "rb") as fh:
+        for line in fh:
+            if line.strip():
+                row = orjson.loads(line)
+                if isinstance(row, dict):
+                    out.append(row)
+    return out
+
+
+def _verify_section(rows: list[dict]) -> str:
+    med = [r["median_abs_gap"] for r in rows if isinstance(r.get("median_abs_gap"), (int, float))]
+    mx = [r["max_abs_gap"] for r in rows if isinstance(r.get("max_abs_gap"), (int, float))]
+    within = [r["share_within"] for r in rows if isinstance(r.get("share_within"), (int, float))]
+    checked = sum(r.get("n_checked", 0) for r in rows if isinstance(r.get("n_checked"), int))
+    facts = (f"{len(rows):,} sequences, {checked:,} tokens checked; median |gap| (median over sequences) "
+             f"{_fmt(sorted(med)[len(med) // 2] if med else None)}, largest |gap| {_fmt(max(mx, default=None))}, "
+             f"mean share within tolerance {_fmt(math.fsum(within) / len(within) if within else None)}")
+    return (f"<h2>Verify: recomputed vs recorded logprobs</h2><p>{html.escape(facts)}</p>"
+            + _svg_value_histogram(med, "Median |logprob gap| per sequence", "nats")
+            + _svg_value_histogram(mx, "Largest |logprob gap| per sequence", "nats"))
+
+
+TRAIN_SERIES = ("reward_mean", "loss", "verify_median_abs_gap", "ratio_mean", "clip_share")
+
+
+def _svg_curve(steps: list[float], values: list[float], title: str) -> str:
+    w, h, pad = 320, 160, 36
+    pts = [(s, v) for s, v in zip(steps, values) if isinstance(v, (int, float)) and math.isfinite(v)]
+    if not pts:
+        return ""
+    x0, x1 = min(p[0] for p in pts), max(p[0] for p in pts)
+    y0, y1 = min(p[1] for p in pts), max(p[1] for p in pts)
+    fx = lambda s: pad + (w - 2 * pad) * ((s - x0) / (x1 - x0) if x1 > x0 else 0.5)  # noqa: E731
+    fy = lambda v: h - pad - (h - 2 * pad) * ((v - y0) / (y1 - y0) if y1 > y0 else 0.5)  # noqa: E731
+    line = " ".join(f"{fx(s):.1f},{fy(v):.1f}" for s, v in pts)
+    dots = "".join(f'<circle cx="{fx(s):.1f}" cy="{fy(v):.1f}" r="3" fill="#4a7bd0"><title>step {s:g}: {v:.4g}'
+                   "</title></circle>" for s, v in pts)
+    body = f'<polyline points="{line}" fill="none" stroke="#4a7bd0" stroke-width="1.5"/>{dots}'
+    body += _axes(w, h, pad, f"{x0:g}", f"{x1:g}", "step", f"{y1:.3g}")
+    body += f'<text x="{pad - 4}" y="{h - pad}" font-size="11" text-anchor="end">{y0:.3g}</text>'
+    return _figure(title, w, h, body)
+
+
+def _train_section(rows: list[dict]) -> str:
+    steps = [r.get("step", i + 1) for i, r in enumerate(rows)]
+    steps = [s if isinstance(s, (int, float)) else i + 1 for i, s in enumerate(steps)]
+    curves = "".join(_svg_curve(steps, [r.get(k) for r in rows], k) for k in TRAIN_SERIES)
+    return f"<h2>Training steps</h2><p>{len(rows):,} steps (train.jsonl)</p>" + (curves or "<p>no numeric series</p>")
+
+
+def trainer_sections(verify: str | None, train: str | None) -> str:
+    """The trainer's seam: OUT/verify.json (per-sequence logprob gaps) and RUN/train.jsonl (one line per step),
+    rendered when the paths are given and exist; an unreadable file is said, not fatal."""
+    out = []
+    for path, read, render in ((verify, _read_verify, _verify_section), (train, _read_train, _train_section)):
+        if not path or not os.path.isfile(path):
+            continue
+        try:
+            rows = read(path)
+        except (OSError, ValueError) as exc:  # orjson.JSONDecodeError is a ValueError
+            out.append(f"<p class=\"notice\">{html.escape(os.path.basename(path))}: unreadable ({html.escape(str(exc))})"
+                       "</p>")
+            continue
+        out.append(render(rows))
+    return "".join(out)

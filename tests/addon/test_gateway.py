@@ -374,3 +374,100 @@ def test_4_8_a_diverted_call_on_a_gateway_gone_failing_closed_gets_the_providers
     status, headers, body = cap.answer
     assert status == 529 and b"overloaded_error" in body and b"misconfigured" in body
     assert gw.served == {"diverted": 0, "rerouted": 0}
+
+
+# -- 5. polar_other_hosts: refuse serves provider flows only (sandboxed rollouts) -----------------------------------
+
+def connect_flow(host: str, port: int, user: bytes = b"run%2Ft%2F0%2F0:x"):
+    token = base64.b64encode(user).decode()
+    return tflow.tflow(req=http.Request.make("CONNECT", f"https://{host}:{port}/", b"",
+                                             {"proxy-authorization": f"Basic {token}"}))
+
+
+def plain_flow(url: str, method: str = "GET"):
+    return tflow.tflow(req=http.Request.make(method, url, b""))
+
+
+def refused_line(flow) -> str:
+    assert flow.response is not None and flow.response.status_code == 403
+    body = flow.response.content.decode()
+    assert body.endswith("\n") and "\n" not in body[:-1] and "polar_other_hosts=refuse" in body
+    return body
+
+
+@pytest.mark.parametrize("host,port", [("example.com", 443), ("127.0.0.1", 8000), ("localhost", 443),
+                                       ("10.1.2.3", 443), ("192.168.0.1", 22), ("[::1]", 443),
+                                       ("api.anthropic.com", 80), ("api.anthropic.com", 8443),
+                                       ("api.anthropic.com.evil.example", 443)])
+def test_5_1_refuse_answers_every_non_provider_connect_with_403_naming_the_option(addon, host, port):
+    gw, tctx = addon
+    tctx.configure(gw, polar_other_hosts="refuse")
+    f = connect_flow(host, port)
+    gw.http_connect(f)
+    assert f"CONNECT {host.strip('[]')}:{port}" in refused_line(f)
+
+
+def test_5_2_refuse_keeps_provider_tunnels_and_tunnel_keeps_everything(addon):
+    gw, tctx = addon
+    for mode in ("tunnel", "refuse"):
+        tctx.configure(gw, polar_other_hosts=mode)
+        f = connect_flow("api.anthropic.com", 443)
+        gw.http_connect(f)
+        assert f.response is None and gw.conn_users[f.client_conn.id] == "run/t/0/0"
+    tctx.configure(gw, polar_other_hosts="tunnel")
+    f = connect_flow("example.com", 443)
+    gw.http_connect(f)
+    assert f.response is None  # the default: tunnelled raw, as before
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000/v1/models", "http://polar.gateway/admin/flows",
+                                 "http://api.anthropic.com/v1/messages", "http://10.0.0.1/", "http://example.com/x",
+                                 "http://127.0.0.1:45678/polar/some-flow"])
+def test_5_3_refuse_answers_plain_http_with_403_but_the_readiness_probe(addon, url):
+    gw, tctx = addon
+    tctx.configure(gw, polar_other_hosts="refuse")
+    f = plain_flow(url, "POST" if "messages" in url else "GET")
+    gw.request(f)
+    refused_line(f)
+    assert "polar_rerouted" not in f.metadata and f.id not in gw.pending
+    ready = plain_flow("http://polar.gateway/ready")
+    gw.request(ready)
+    info = orjson.loads(ready.response.content)
+    assert ready.response.status_code == 200 and info["other_hosts"] == "refuse" and info["refused"] >= 1
+
+
+def test_5_4_under_refuse_a_decrypted_provider_flow_is_still_served(addon):
+    gw, tctx = addon
+    tctx.configure(gw, polar_other_hosts="refuse")
+    f = provider_flow()
+    gw.request(f)
+    assert f.response is None and f.metadata.get("polar_rerouted")
+
+
+def test_5_5_readiness_reports_other_hosts_exact_version_and_tls_failures_per_user(addon):
+    gw, tctx = addon
+    ready = plain_flow("http://polar.gateway/ready")
+    gw.request(ready)
+    info = orjson.loads(ready.response.content)
+    assert info["other_hosts"] == "tunnel" and info["exact"] is False and "version" in info
+    assert info["tls_failures"] == {}
+    tctx.configure(gw, polar_exact=True, polar_other_hosts="refuse")
+    f = connect_flow("api.openai.com", 443, b"run%2Fpreflight%2F1:x")
+    gw.http_connect(f)
+    data = tls.TlsData(f.client_conn, context.Context(f.client_conn, None))
+    gw.tls_failed_client(data)
+    gw.tls_failed_client(data)
+    ready = plain_flow("http://polar.gateway/ready")
+    gw.request(ready)
+    info = orjson.loads(ready.response.content)
+    assert (info["other_hosts"], info["exact"]) == ("refuse", True)
+    assert info["tls_failures"] == {"run/preflight/1": 2}
+
+
+def test_5_6_a_bad_value_fails_closed_and_refuses(addon):
+    gw, tctx = addon
+    tctx.configure(gw, polar_other_hosts="block")
+    assert gw.failure == "polar_other_hosts: expected tunnel or refuse, got 'block'"
+    f = connect_flow("example.com", 443)
+    gw.http_connect(f)
+    refused_line(f)

@@ -206,3 +206,31 @@ def test_3_5_unmatched_reward_lines_are_named_first_ten(dump, capsys):
     assert f"unmatched lines 12 ({named} … (12 in all))" in cap.out
     rewards = json.loads((tmp / "out" / "report.json").read_text())["rewards"]
     assert rewards["unmatched_lines"] == 12 and rewards["unmatched_sessions"] == ghosts[:10]
+
+
+def test_4_1_session_prefix_keeps_matching_sessions_and_counts_the_rest(dump):
+    tmp, recs = dump
+    assert run(tmp, "--session-prefix", "s1", "--session-prefix", "s3", "--rewards", str(tmp / "r.jsonl")) == 0
+    out = tmp / "out"
+    seqs, calls = pl.read_parquet(out / "sequences.parquet"), pl.read_parquet(out / "calls.parquet")
+    assert set(seqs["session"]) == set(calls["session"]) == {"s1", "s3"}
+    report = json.loads((out / "report.json").read_text())
+    n_other = sum(1 for r in recs if r["session"] not in ("s1", "s3"))
+    assert report["counts"]["sessions_other_prefix"] == 2  # s2 and the null-session group
+    assert report["counts"]["calls_other_prefix"] == n_other
+    assert report["counts"]["calls"] == len(recs) - n_other and report["inputs"]["records"] == len(recs)
+    assert report["rewards"]["joined"] == 1 and sorted(report["rewards"]["unmatched_sessions"]) == ["ghost", "s2"]
+    assert len((out / "sft.jsonl").read_text().splitlines()) == 2  # s1 and s3
+    # Without the option every session is kept and nothing is counted as another prefix.
+    assert run(tmp, "--overwrite") == 0
+    report = json.loads((out / "report.json").read_text())
+    assert "sessions_other_prefix" not in report["counts"] and report["counts"]["calls"] == len(recs)
+
+
+def test_4_2_incremental_must_keep_the_session_prefix(dump, capsys):
+    tmp, _ = dump
+    assert run(tmp, "--session-prefix", "s1") == 0
+    assert run(tmp, "--incremental", "--session-prefix", "s1") == 0
+    capsys.readouterr()
+    assert run(tmp, "--incremental", "--session-prefix", "s2") == 2
+    assert "--session-prefix ['s1'] → ['s2']" in capsys.readouterr().err

@@ -42,9 +42,9 @@ def test_1_4_token_field_that_is_not_int32_is_an_input_error():
 
 @pytest.mark.parametrize("written, body, expect", [
     (True, {"messages": []}, True),  # the gateway's field wins
-    (False, {"tool_choice": "required"}, False),
-    (None, {"tool_choice": "required"}, True),  # an older record: the gateway's rule on its upstream_request
-    (None, {"tool_choice": {"type": "function", "function": {"name": "sh"}}}, True),
+    (False, {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "sh"}}]}, False),
+    (None, {"tool_choice": "required", "tools": [{"type": "function", "function": {"name": "sh"}}]}, True),  # an older record: the gateway's rule on its upstream_request
+    (None, {"tool_choice": {"type": "function", "function": {"name": "sh"}}, "tools": [{"type": "function", "function": {"name": "sh"}}]}, True),
     (None, {"response_format": {"type": "json_schema", "json_schema": {}}}, True),
     (None, {"response_format": {"type": "json_object"}}, False),  # asks for JSON, constrains no grammar
     (None, {"tool_choice": "auto"}, False),

@@ -51,6 +51,7 @@ BAD_VALUES: list[tuple[str, list[str]]] = [
     ("polar_exact", ["polar_exact=true", "polar_exact=false"]),  # given twice: mitmproxy's parser refuses it
     ("polar_exact_cache_mb", ["polar_exact_cache_mb=lots"]),
     ("polar_divert", ["polar_divert=maybe"]),
+    ("polar_other_hosts", ["polar_other_hosts=block"]),
 ]
 
 

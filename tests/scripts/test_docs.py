@@ -72,9 +72,9 @@ def test_2_1_relative_links_point_at_existing_files_and_headings(path):
 
 
 def _modules() -> list[str]:
-    """Every source file under addon/, processor/ and scripts/ (package markers and caches aside)."""
+    """Every source file under addon/, processor/, rollout/ and scripts/ (package markers and caches aside)."""
     out = []
-    for top in ("addon", "processor", "scripts"):
+    for top in ("addon", "processor", "rollout", "scripts"):
         for dirpath, dirnames, filenames in os.walk(os.path.join(ROOT, top)):
             dirnames[:] = [d for d in dirnames if not d.startswith((".", "__pycache__"))]
             for f in filenames:

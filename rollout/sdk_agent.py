@@ -1,52 +1,53 @@
-"""The demo's agent sessions: for each of the four protocols, a two-turn tool session with the official SDK, going
-through the proxy exactly like an agent (HTTPS_PROXY with the session as user name, SSL_CERT_FILE with our CA).
+"""An SDK agent for `polar-rollout --agent python:polar.rollout.sdk_agent:run` — the demo's agent.
 
-Turn 1 forces a tool call (tool_choice required / any / ANY), the tool runs here, turn 2 answers with tool_choice
-none (streamed). Usage: demo_sessions.py PROXY_JSON  (the file scripts/proxy writes)."""
+One two-turn tool session with an official SDK (Anthropic, OpenAI Chat, OpenAI Responses or Google GenAI, by
+`POLAR_SDK_PROTOCOL`, else sample k mod 4), through HTTPS_PROXY exactly like any agent: turn 1 forces a call of its
+one tool, `write_file(path, content)`, which it runs in the workdir; turn 2 answers with tool calls off (streamed).
+What the model writes is what the task's verifier scores. Runs inside the sandbox (standard library + the SDKs).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-import time
 
-TOOL_NAME = "get_time"
-TOOL_DESC = "Current UTC time on this machine, as ISO 8601."
-TOOL_SCHEMA = {"type": "object", "properties": {"timezone": {"type": "string", "description": "IANA zone"}},
-               "required": ["timezone"]}
-QUESTION = "What time is it in UTC? Use the tool."
+TOOL_NAME = "write_file"
+TOOL_DESC = "Write a text file in the current directory (the task's workdir)."
+TOOL_SCHEMA = {"type": "object", "properties": {
+    "path": {"type": "string", "description": "file name, relative to the workdir"},
+    "content": {"type": "string", "description": "the whole file"}}, "required": ["path", "content"]}
+PROTOCOLS = ("anthropic_messages", "openai_chat", "openai_responses", "google_generate")
 
 
-def run_tool(arguments) -> str:
+def run_tool(workdir: str, arguments) -> str:
+    """Write the file (inside the workdir only); the tool's answer as JSON text."""
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments or "{}")
         except json.JSONDecodeError:
             arguments = {}
-    return json.dumps({"timezone": (arguments or {}).get("timezone", "UTC"),
-                       "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+    arguments = arguments if isinstance(arguments, dict) else {}
+    path = os.path.normpath(os.path.join(workdir, str(arguments.get("path") or "output.txt")))
+    if not path.startswith(os.path.abspath(workdir) + os.sep):
+        return json.dumps({"error": "path outside the workdir"})
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write(str(arguments.get("content") or ""))
+    return json.dumps({"written": os.path.relpath(path, workdir)})
 
 
-def use_proxy(state: dict, session: str) -> None:
-    proxy = f"http://{session}:x@127.0.0.1:{state['port']}"
-    for var in ("NO_PROXY", "no_proxy", "SSL_CERT_DIR", "ALL_PROXY", "all_proxy"):
-        os.environ.pop(var, None)
-    os.environ.update(HTTPS_PROXY=proxy, https_proxy=proxy, SSL_CERT_FILE=state["ca_bundle"])
-
-
-def anthropic_session() -> str:
+def anthropic_session(question: str, workdir: str) -> str:
     import anthropic
 
     client = anthropic.Anthropic(api_key="sk-demo-not-a-real-key")
     tools = [{"name": TOOL_NAME, "description": TOOL_DESC, "input_schema": TOOL_SCHEMA}]
-    messages = [{"role": "user", "content": QUESTION}]
+    messages = [{"role": "user", "content": question}]
     first = client.messages.create(model="claude-demo", max_tokens=128, tools=tools, tool_choice={"type": "any"},
                                    messages=messages)
     calls = [b for b in first.content if b.type == "tool_use"]
     call = calls[0]
     messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.id, "content": run_tool(c.input)}
+                 {"role": "user", "content": [{"type": "tool_result", "tool_use_id": c.id, "content": run_tool(workdir, c.input)}
                                               for c in calls]}]
     with client.messages.stream(model="claude-demo", max_tokens=48, tools=tools, tool_choice={"type": "none"},
                                 messages=messages) as stream:
@@ -54,18 +55,18 @@ def anthropic_session() -> str:
     return f"{len(calls)} call(s), {call.name}({json.dumps(call.input)}) → answer: {''.join(b.text for b in final.content if b.type == 'text')!r}"
 
 
-def openai_chat_session() -> str:
+def openai_chat_session(question: str, workdir: str) -> str:
     import openai
 
     client = openai.OpenAI(api_key="sk-demo-not-a-real-key")
     tools = [{"type": "function", "function": {"name": TOOL_NAME, "description": TOOL_DESC, "parameters": TOOL_SCHEMA}}]
-    messages = [{"role": "user", "content": QUESTION}]
+    messages = [{"role": "user", "content": question}]
     first = client.chat.completions.create(model="gpt-demo", max_tokens=128, tools=tools, tool_choice="required",
                                            messages=messages)
     msg = first.choices[0].message
     call = msg.tool_calls[0]
     messages.append(msg.model_dump(exclude_none=True))
-    messages += [{"role": "tool", "tool_call_id": c.id, "content": run_tool(c.function.arguments)}
+    messages += [{"role": "tool", "tool_call_id": c.id, "content": run_tool(workdir, c.function.arguments)}
                  for c in msg.tool_calls]
     text = []
     for chunk in client.chat.completions.create(model="gpt-demo", max_tokens=48, tools=tools, tool_choice="none",
@@ -75,19 +76,19 @@ def openai_chat_session() -> str:
     return f"tool {call.function.name}({call.function.arguments}) → answer: {''.join(text)!r}"
 
 
-def openai_responses_session() -> str:
+def openai_responses_session(question: str, workdir: str) -> str:
     import openai
 
     client = openai.OpenAI(api_key="sk-demo-not-a-real-key")
     tools = [{"type": "function", "name": TOOL_NAME, "description": TOOL_DESC, "parameters": TOOL_SCHEMA,
               "strict": False}]
-    items: list = [{"role": "user", "content": QUESTION}]
+    items: list = [{"role": "user", "content": question}]
     first = client.responses.create(model="gpt-demo", max_output_tokens=128, tools=tools, tool_choice="required",
                                     input=items)
     calls = [item for item in first.output if item.type == "function_call"]
     call = calls[0]
     items += [item.model_dump(exclude_none=True) for item in first.output]
-    items += [{"type": "function_call_output", "call_id": c.call_id, "output": run_tool(c.arguments)} for c in calls]
+    items += [{"type": "function_call_output", "call_id": c.call_id, "output": run_tool(workdir, c.arguments)} for c in calls]
     text, status = [], None
     # Events, not stream.get_final_response(): a max_output_tokens stop ends in response.incomplete, not completed.
     for event in client.responses.create(model="gpt-demo", max_output_tokens=48, tools=tools, tool_choice="none",
@@ -99,21 +100,21 @@ def openai_responses_session() -> str:
     return f"tool {call.name}({call.arguments}) → answer ({status}): {''.join(text)!r}"
 
 
-def google_session() -> str:
+def google_session(question: str, workdir: str) -> str:
     from google import genai
     from google.genai import types
 
     client = genai.Client(api_key="demo-not-a-real-key")
     tool = types.Tool(function_declarations=[types.FunctionDeclaration(
         name=TOOL_NAME, description=TOOL_DESC, parameters_json_schema=TOOL_SCHEMA)])
-    contents = [types.Content(role="user", parts=[types.Part(text=QUESTION)])]
+    contents = [types.Content(role="user", parts=[types.Part(text=question)])]
     forced = types.GenerateContentConfig(tools=[tool], max_output_tokens=128, tool_config=types.ToolConfig(
         function_calling_config=types.FunctionCallingConfig(mode="ANY")))
     first = client.models.generate_content(model="gemini-demo", contents=contents, config=forced)
     call = first.function_calls[0]
     contents += [first.candidates[0].content,
                  types.Content(role="user", parts=[types.Part(function_response=types.FunctionResponse(
-                     id=c.id, name=c.name, response=json.loads(run_tool(c.args)))) for c in first.function_calls])]
+                     id=c.id, name=c.name, response=json.loads(run_tool(workdir, c.args)))) for c in first.function_calls])]
     none = types.GenerateContentConfig(tools=[tool], max_output_tokens=48, tool_config=types.ToolConfig(
         function_calling_config=types.FunctionCallingConfig(mode="NONE")))
     text = "".join(chunk.text or "" for chunk in client.models.generate_content_stream(
@@ -129,22 +130,9 @@ SESSIONS = {
 }
 
 
-def main() -> int:
-    with open(sys.argv[1]) as fh:
-        state = json.load(fh)
-    failures = 0
-    for protocol, session_fn in SESSIONS.items():
-        session = f"demo-{protocol}"
-        use_proxy(state, session)
-        t0 = time.time()
-        try:
-            summary = session_fn()
-            print(f"  {protocol:18s} ok  {time.time() - t0:5.1f}s  {summary[:160]}")
-        except Exception as exc:  # noqa: BLE001 — report every protocol, then fail
-            failures += 1
-            print(f"  {protocol:18s} FAILED: {type(exc).__name__}: {str(exc)[:300]}")
-    return 1 if failures else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+def run(instruction: str, workdir: str, env: dict[str, str]) -> int:
+    """polar-rollout's python: agent entry point."""
+    protocol = env.get("POLAR_SDK_PROTOCOL") or PROTOCOLS[int(env.get("POLAR_SAMPLE") or 0) % len(PROTOCOLS)]
+    question = f"{instruction.strip()}\n\nUse the {TOOL_NAME} tool."
+    print(f"{protocol}: {SESSIONS[protocol](question, os.path.abspath(workdir))[:300]}")
+    return 0

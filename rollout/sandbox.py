@@ -1,0 +1,702 @@
+"""Sandboxes for agents and verifiers: bubblewrap, Docker, or none — one view, one network path out.
+
+The view, the same for bwrap and docker: an empty root with, read-only, the system directories (usr, etc, bin, sbin,
+lib*; the host's symlinks kept as symlinks), the Python installations the mounted venvs point into (only that
+versions directory, e.g. /root/.pyenv/versions/3.12.1 — never /root), and `spec.mounts`; read-write `/app` (the cwd)
+and HOME (`/home/agent`); `/tmp` a tmpfs; `/proc` and `/dev` minimal; `/run/polar` read-only, the sample's private
+control directory (the wrapper, the agent's environment, the ready FIFO and, with a proxy, the relay's socket).
+Nothing else of the host: not the repository, certs/, .cache/run/, RUN/, examples/, other samples, tasks' tests/.
+
+The agent runs as uid:gid 1000:1000 for real (on the host too, not just inside a user namespace). bwrap started by
+root uses no user namespace — with one, uid 1000 inside is root outside and can read root's 0600 files such as
+/etc/shadow — and the wrapper drops from root to 1000:1000 with no capabilities and no_new_privs before anything
+else; bwrap started by anyone else is `--unshare-all --uid 1000 --gid 1000` (uid 1000 inside is the caller).
+docker: `--user 1000:1000 --network none --read-only --cap-drop ALL`.
+
+Network: none at all (a fresh network namespace with only its own `lo`), except, when `spec.proxy_port` is set, the
+relay (rollout/relay.py): the wrapper listens on 127.0.0.1:18080 in the sandbox and forwards each connection to the
+socket; the host end (`HostRelay`, a thread here) opens a new TCP connection to the proxy per connection and puts
+the sample's session in the first request head's Proxy-Authorization. `HTTPS_PROXY`/`https_proxy` point at the
+relay with the session as user name, `NO_PROXY`/`no_proxy` are empty.
+
+Limits: docker `--memory` (swap included) and `--cpus`; bwrap and none: a cgroup under the caller's own (v1 or v2)
+when writable — memory, and CPU quota — else `prlimit --as`. `SandboxResult.memory_limit` says which. A timeout kills
+the whole sandbox (the bwrap process group, whose pid namespace dies with it; `docker kill`; every process left in
+the cgroup). `SandboxError` means the sandbox never started (infrastructure, never the agent's score): the wrapper
+writes to the ready FIFO before it runs the agent, so a run that ends without that line is the sandbox's failure.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from polar.rollout.relay import HostRelay, proxy_user
+
+KINDS = ("bwrap", "docker", "none")
+UID = GID = 1000
+APP = "/app"
+HOME = "/home/agent"
+CONTROL = "/run/polar"
+RELAY_PORT = 18080
+SYSTEM_PYTHON = "/usr/bin/python3"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
+DEFAULT_IMAGE = "polar-sandbox:1"
+RESERVED = (CONTROL, "/proc", "/dev", "/tmp")
+_RELAY_SOURCE = Path(__file__).with_name("relay.py")
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up or started: an infrastructure failure, never the agent's score."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    host: Path
+    inside: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    kind: str
+    app: Path
+    home: Path
+    mounts: tuple[Mount, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    proxy_port: int | None = None
+    session: str | None = None
+    memory_mb: int | None = None
+    cpus: float | None = None
+    image: str = DEFAULT_IMAGE
+    label: str | None = None
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    exit_code: int | None  # None when timed out
+    timed_out: bool
+    wall_s: float
+    memory_limit: str  # the limit in force, e.g. "cgroup v1 memory 2048 MiB", "prlimit --as 2048 MiB", "none"
+
+
+# ---------------------------------------------------------------------------------------------- availability
+
+
+def _bwrap_privileged() -> bool:
+    return os.geteuid() == 0
+
+
+def _bwrap_namespaces() -> list[str]:
+    if _bwrap_privileged():
+        # no user namespace: the wrapper becomes uid 1000 on the host too (see the module docstring)
+        return ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try",
+                "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID", "--cap-add", "CAP_SETPCAP"]
+    return ["--unshare-all", "--uid", str(UID), "--gid", str(GID)]
+
+
+def available(kind: str) -> str | None:
+    """None if `kind` can run sandboxes here, else one line saying why not."""
+    if kind not in KINDS:
+        return f"unknown sandbox {kind!r} (bwrap, docker or none)"
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        return f"{SYSTEM_PYTHON} is missing (the sandbox wrapper runs on it): apt-get install python3"
+    if kind == "none":
+        return None
+    if kind == "bwrap":
+        exe = shutil.which("bwrap")
+        if not exe:
+            return "bwrap is not installed (scripts/setup --system, or apt-get install bubblewrap)"
+        cmd = [exe, *_bwrap_namespaces(), "--die-with-parent", "--proc", "/proc", "--dev", "/dev"]
+        for path, link in _system_entries():
+            cmd += ["--symlink", link, path] if link is not None else ["--ro-bind", path, path]
+        cmd.append("/usr/bin/true")
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"bwrap does not start a sandbox: {e}"
+        if p.returncode != 0:
+            return f"bwrap does not start a sandbox: {(p.stderr.strip().splitlines() or [f'exit {p.returncode}'])[-1]}"
+        return None
+    exe = shutil.which("docker")
+    if not exe:
+        return "the docker client is not installed (scripts/setup --system, or apt-get install docker.io)"
+    try:
+        p = subprocess.run([exe, "version", "--format", "{{.Server.Version}}"], capture_output=True, text=True,
+                           timeout=20, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"dockerd is not answering ({os.environ.get('DOCKER_HOST', 'default socket')}): {e}"
+    if p.returncode != 0 or not p.stdout.strip():
+        why = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1]
+        return f"dockerd is not answering ({os.environ.get('DOCKER_HOST', 'default socket')}): {why}"
+    return None
+
+
+_images_ready: set[tuple[str, str]] = set()
+_images_lock = threading.Lock()
+
+
+def ensure_image(image: str = DEFAULT_IMAGE) -> None:
+    """docker: make sure `image` exists; `polar-sandbox:1` (or any missing image name) is imported from an empty tar —
+    the sandbox's whole system comes from read-only binds of the host's."""
+    key = (os.environ.get("DOCKER_HOST", ""), image)
+    with _images_lock:
+        if key in _images_ready:
+            return
+        exe = shutil.which("docker")
+        if not exe:
+            raise SandboxError("the docker client is not installed")
+        try:
+            p = subprocess.run([exe, "image", "inspect", "--format", "{{.Id}}", image], capture_output=True,
+                               timeout=30, stdin=subprocess.DEVNULL)
+            if p.returncode != 0:
+                buf = io.BytesIO()
+                tarfile.open(fileobj=buf, mode="w").close()
+                p = subprocess.run([exe, "import", "-", image], input=buf.getvalue(), capture_output=True, timeout=60)
+                if p.returncode != 0:
+                    raise SandboxError(f"docker import {image} failed: {p.stderr.decode(errors='replace').strip()}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise SandboxError(f"docker image {image}: {e}") from e
+        _images_ready.add(key)
+
+
+# ---------------------------------------------------------------------------------------------- the view
+
+
+def _system_entries() -> list[tuple[str, str | None]]:
+    """(/dir, symlink target or None for a directory) for each system directory the host has."""
+    out = []
+    for name in SYSTEM_DIRS:
+        p = Path("/") / name
+        if p.is_symlink():
+            out.append((str(p), os.readlink(p)))
+        elif p.is_dir():
+            out.append((str(p), None))
+    return out
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def python_prefixes(venvs: list[Path]) -> list[str]:
+    """The real installation prefixes the given venvs' interpreters live in (e.g. /root/.pyenv/versions/3.12.1),
+    outside the system directories, each exactly that directory (never its parents)."""
+    system = tuple(str(Path("/") / d) for d in SYSTEM_DIRS) + tuple(
+        os.path.realpath(Path("/") / d) for d in SYSTEM_DIRS)
+    found: list[str] = []
+    for venv in venvs:
+        cands = []
+        for name in ("python", "python3"):
+            exe = venv / "bin" / name
+            if exe.exists():
+                cands.append(Path(os.path.realpath(exe)).parent.parent)
+                break
+        cfg = venv / "pyvenv.cfg"
+        if cfg.is_file():
+            for line in cfg.read_text(errors="replace").splitlines():
+                key, sep, value = line.partition("=")
+                if sep and key.strip() == "home":
+                    home = Path(os.path.realpath(value.strip()))
+                    cands.append(home.parent if home.name == "bin" else home)
+        for prefix in cands:
+            s = str(prefix)
+            if s != "/" and prefix.is_dir() and not _under(s, system) and s not in found:
+                found.append(s)
+    return found
+
+
+def _venvs(spec: SandboxSpec) -> list[Path]:
+    return [Path(m.host) for m in spec.mounts if (Path(m.host) / "pyvenv.cfg").is_file()]
+
+
+def _check(spec: SandboxSpec) -> None:
+    if spec.kind not in KINDS:
+        raise SandboxError(f"unknown sandbox {spec.kind!r} (bwrap, docker or none)")
+    for what, p in (("app", spec.app), ("home", spec.home)):
+        if not Path(p).is_dir():
+            raise SandboxError(f"sandbox {what} directory {p} does not exist")
+    for m in spec.mounts:
+        if not Path(m.host).exists():
+            raise SandboxError(f"mount source {m.host} does not exist")
+        if not m.inside.startswith("/") or os.path.normpath(m.inside) != m.inside or m.inside == "/":
+            raise SandboxError(f"mount target {m.inside!r} must be an absolute, normalized path")
+        if _under(m.inside, RESERVED):
+            raise SandboxError(f"mount target {m.inside} is reserved by the sandbox")
+    if spec.kind == "docker":
+        for p in [str(spec.app), str(spec.home), *(str(m.host) for m in spec.mounts), *(m.inside for m in spec.mounts)]:
+            if any(c in p for c in ',"\n'):
+                raise SandboxError(f"docker cannot bind a path containing a comma, quote or newline: {p!r}")
+    if spec.proxy_port is not None and not spec.session:
+        raise SandboxError("a sandbox with a proxy needs its session (the relay's identity)")
+
+
+def _chown_tree(root: Path, uid: int, gid: int) -> None:
+    os.lchown(root, uid, gid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, gid)
+
+
+def _chmod_tree_open(root: Path) -> None:
+    for dirpath, dirnames, filenames in os.walk(root):
+        os.chmod(dirpath, 0o777)
+        for name in filenames:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p):
+                os.chmod(p, os.stat(p).st_mode | 0o666)
+
+
+def _owner(spec: SandboxSpec) -> tuple[int, int] | None:
+    """The host uid:gid that must own the sample's writable dirs and control files (None: the caller already is)."""
+    if spec.kind != "none" and os.geteuid() == 0:
+        return UID, GID
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- memory limits
+
+
+def _mounts_of(fstype: str) -> list[tuple[str, str, set[str]]]:
+    """(mount root, mount point, super options) of each mount of `fstype`."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields, rfields = left.split(), right.split()
+                if len(rfields) >= 3 and rfields[0] == fstype:
+                    out.append((fields[3], fields[4], set(rfields[2].split(","))))
+    except OSError:
+        pass
+    return out
+
+
+def _own_cgroup(controller: str) -> str | None:
+    try:
+        with open("/proc/self/cgroup") as f:
+            for line in f:
+                _, ctrls, path = line.rstrip("\n").split(":", 2)
+                if (controller == "" and ctrls == "") or (controller and controller in ctrls.split(",")):
+                    return path
+    except OSError:
+        pass
+    return None
+
+
+def _join(mount: str, root: str, own: str) -> Path | None:
+    if root != "/" and not (own == root or own.startswith(root.rstrip("/") + "/")):
+        return None
+    rel = own[len(root):] if root != "/" else own
+    return Path(mount + "/" + rel.lstrip("/"))
+
+
+class _Cgroup:
+    """A cgroup (or one per v1 controller) for one sandbox, under the caller's own."""
+
+    def __init__(self) -> None:
+        self.dirs: list[Path] = []
+        self.procs: list[str] = []
+        self.version = ""
+
+    @classmethod
+    def create(cls, memory_mb: int | None, cpus: float | None) -> _Cgroup | None:
+        name = f"polar-sbx-{uuid.uuid4().hex[:12]}"
+        cg = cls()
+        try:
+            if memory_mb is not None and cg._v1(name, memory_mb, cpus):
+                return cg
+            cg.remove()
+            cg = cls()
+            if memory_mb is not None and cg._v2(name, memory_mb, cpus):
+                return cg
+        except OSError:
+            pass
+        cg.remove()
+        return None
+
+    def _mkdir(self, parent: Path | None, name: str) -> Path | None:
+        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK):
+            return None
+        d = parent / name
+        d.mkdir()
+        self.dirs.append(d)
+        return d
+
+    def _v1(self, name: str, memory_mb: int, cpus: float | None) -> bool:
+        mounts = {}
+        for root, point, opts in _mounts_of("cgroup"):
+            for c in ("memory", "cpu"):
+                if c in opts and c not in mounts:
+                    mounts[c] = (root, point)
+        if "memory" not in mounts:
+            return False
+        own = _own_cgroup("memory")
+        d = self._mkdir(_join(mounts["memory"][1], mounts["memory"][0], own) if own else None, name)
+        if d is None:
+            return False
+        limit = memory_mb * 1024 * 1024
+        (d / "memory.limit_in_bytes").write_text(str(limit))
+        if (d / "memory.memsw.limit_in_bytes").exists():  # swap counted in the limit
+            try:
+                (d / "memory.memsw.limit_in_bytes").write_text(str(limit))
+            except OSError:
+                pass
+        self.procs.append(str(d / "cgroup.procs"))
+        self.version = "cgroup v1"
+        if cpus and "cpu" in mounts:
+            own_cpu = _own_cgroup("cpu")
+            try:
+                c = self._mkdir(_join(mounts["cpu"][1], mounts["cpu"][0], own_cpu) if own_cpu else None, name)
+                if c is not None:
+                    (c / "cpu.cfs_period_us").write_text("100000")
+                    (c / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpus * 100000))))
+                    self.procs.append(str(c / "cgroup.procs"))
+            except OSError:
+                pass  # the CPU quota is best effort; memory is what is reported
+        return True
+
+    def _v2(self, name: str, memory_mb: int, cpus: float | None) -> bool:
+        mounts = _mounts_of("cgroup2")
+        own = _own_cgroup("")
+        if not mounts or own is None:
+            return False
+        root, point, _ = mounts[0]
+        parent = _join(point, root, own)
+        if parent is None or not (parent / "cgroup.controllers").is_file():
+            return False
+        if "memory" not in (parent / "cgroup.controllers").read_text().split():
+            return False
+        if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
+            (parent / "cgroup.subtree_control").write_text("+memory")  # EBUSY when the parent holds processes
+        d = self._mkdir(parent, name)
+        if d is None:
+            return False
+        (d / "memory.max").write_text(str(memory_mb * 1024 * 1024))
+        if (d / "memory.swap.max").exists():
+            (d / "memory.swap.max").write_text("0")
+        if cpus and (d / "cpu.max").exists():
+            try:
+                (d / "cpu.max").write_text(f"{max(1000, int(cpus * 100000))} 100000")
+            except OSError:
+                pass
+        self.procs.append(str(d / "cgroup.procs"))
+        self.version = "cgroup v2"
+        return True
+
+    def prefix(self) -> list[str]:
+        """argv prefix putting the command (and so everything it starts) into the cgroup before it runs."""
+        script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+        return ["/bin/sh", "-c", script, "polar-cgroup", *self.procs, "--"]
+
+    def kill_all(self) -> None:
+        for procs in self.procs:
+            try:
+                pids = [int(x) for x in Path(procs).read_text().split()]
+            except (OSError, ValueError):
+                continue
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def remove(self) -> None:
+        for d in reversed(self.dirs):
+            for _ in range(50):
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    self.kill_all()
+                    time.sleep(0.05)
+        self.dirs.clear()
+
+
+# ---------------------------------------------------------------------------------------------- control directory
+
+
+class _Control:
+    """The sample's private control directory on the host, bound read-only at /run/polar."""
+
+    def __init__(self, spec: SandboxSpec, owner: tuple[int, int] | None):
+        base = tempfile.gettempdir()
+        if len(base) > 60:  # the relay's socket path must stay under the 107-byte limit
+            base = "/tmp"
+        self.dir = Path(tempfile.mkdtemp(prefix="polar-sbx-", dir=base))
+        self.relay: HostRelay | None = None
+        self.ready_fd: int | None = None
+        try:
+            os.chmod(self.dir, 0o755)
+            shutil.copyfile(_RELAY_SOURCE, self.dir / "relay.py")
+            os.chmod(self.dir / "relay.py", 0o644)
+            env = dict(spec.env)
+            env["HOME"] = str(spec.home) if spec.kind == "none" else HOME
+            env.setdefault("PATH", DEFAULT_PATH)
+            payload = {"env": env, "proxy_user": proxy_user(spec.session) if spec.session else None}
+            fd = os.open(self.dir / "env.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(payload, f)
+            # write-only even for its owner (the agent's uid; the mount is read-only, so no chmod): an agent that
+            # could read the FIFO could swallow the wrapper's line and pass its own failure off as the sandbox's
+            os.mkfifo(self.dir / "ready", 0o600)
+            if owner is not None:
+                for name in ("env.json", "ready"):
+                    os.chown(self.dir / name, *owner)
+            self.ready_fd = os.open(self.dir / "ready", os.O_RDONLY | os.O_NONBLOCK)  # before the chmod
+            os.chmod(self.dir / "ready", 0o200)
+            if spec.proxy_port is not None:
+                self.relay = HostRelay(str(self.dir / "proxy.sock"), spec.proxy_port, spec.session or "", owner=owner)
+        except BaseException:
+            self.close()
+            raise
+
+    def inside(self, name: str, kind: str) -> str:
+        return str(self.dir / name) if kind == "none" else f"{CONTROL}/{name}"
+
+    def ready(self) -> str:
+        if self.ready_fd is None:
+            return ""
+        try:
+            return os.read(self.ready_fd, 4096).decode(errors="replace")
+        except BlockingIOError:
+            return ""
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+        if self.ready_fd is not None:
+            os.close(self.ready_fd)
+            self.ready_fd = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------- command lines
+
+
+def _wrapper(spec: SandboxSpec, ctl: _Control, argv: list[str]) -> list[str]:
+    k = spec.kind
+    cmd = [SYSTEM_PYTHON, ctl.inside("relay.py", k), "sandbox", "--env", ctl.inside("env.json", k),
+           "--ready", ctl.inside("ready", k)]
+    if spec.proxy_port is not None:
+        cmd += ["--socket", ctl.inside("proxy.sock", k), "--port", str(0 if k == "none" else RELAY_PORT)]
+    if k == "bwrap" and _bwrap_privileged():
+        cmd += ["--drop", f"{UID}:{GID}"]
+    return [*cmd, "--", *argv]
+
+
+def bwrap_command(spec: SandboxSpec, ctl: _Control, argv: list[str]) -> list[str]:
+    binds: list[tuple[str, str, str]] = []  # (option, source, target)
+    for prefix in python_prefixes(_venvs(spec)):
+        binds.append(("--ro-bind", prefix, prefix))
+    for m in spec.mounts:
+        binds.append(("--bind" if m.writable else "--ro-bind", str(m.host), m.inside))
+    binds += [("--bind", str(spec.app), APP), ("--bind", str(spec.home), HOME), ("--ro-bind", str(ctl.dir), CONTROL)]
+    cmd = [shutil.which("bwrap") or "bwrap", *_bwrap_namespaces(), "--die-with-parent", "--new-session",
+           "--clearenv", "--hostname", "polar-sandbox"]
+    system = _system_entries()
+    for path, link in system:
+        cmd += ["--symlink", link, path] if link is not None else ["--ro-bind", path, path]
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # bwrap makes the missing parents of a target 0700 (root's): make them 0755 first, or uid 1000 cannot reach
+    # /run/polar or /home/agent. Only parents on the empty root, never inside another bind.
+    targets = tuple(p for p, _ in system) + ("/proc", "/dev", "/tmp") + tuple(t for _, _, t in binds)
+    parents: list[str] = []
+    for _, _, target in binds:
+        for parent in reversed(Path(target).parents[:-1] if len(Path(target).parents) > 1 else ()):
+            s = str(parent)
+            if s not in parents and not _under(s, targets):
+                parents.append(s)
+    for parent in sorted(parents, key=lambda s: s.count("/")):
+        cmd += ["--perms", "0755", "--dir", parent]
+    for opt, src, dst in binds:
+        cmd += [opt, src, dst]
+    cmd += ["--chdir", APP]
+    return [*cmd, *_wrapper(spec, ctl, argv)]
+
+
+def docker_command(spec: SandboxSpec, ctl: _Control, argv: list[str], name: str) -> list[str]:
+    cmd = [shutil.which("docker") or "docker", "run", "--rm", "--name", name, "--network", "none",
+           "--user", f"{UID}:{GID}", "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
+           "--hostname", "polar-sandbox", "--workdir", APP, "--tmpfs", "/tmp:rw,nosuid,nodev,mode=1777"]
+    if spec.label:
+        cmd += ["--label", f"polar-run={spec.label}"]
+    if spec.memory_mb is not None:
+        cmd += ["--memory", f"{spec.memory_mb}m", "--memory-swap", f"{spec.memory_mb}m"]
+    if spec.cpus is not None:
+        cmd += ["--cpus", f"{spec.cpus:g}"]
+
+    def bind(src: str, dst: str, writable: bool = False) -> list[str]:
+        return ["--mount", f"type=bind,source={src},target={dst}" + ("" if writable else ",readonly")]
+
+    for path, link in _system_entries():
+        cmd += bind(os.path.realpath(path) if link is not None else path, path)
+    for prefix in python_prefixes(_venvs(spec)):
+        cmd += bind(prefix, prefix)
+    for m in spec.mounts:
+        cmd += bind(str(m.host), m.inside, m.writable)
+    cmd += bind(str(spec.app), APP, True) + bind(str(spec.home), HOME, True) + bind(str(ctl.dir), CONTROL)
+    return [*cmd, spec.image, *_wrapper(spec, ctl, argv)]
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+
+def _memory(spec: SandboxSpec) -> tuple[list[str], _Cgroup | None, str]:
+    if spec.memory_mb is None:
+        return [], None, "none"
+    if spec.kind == "docker":
+        return [], None, f"docker --memory {spec.memory_mb}m (swap included)"
+    cg = _Cgroup.create(spec.memory_mb, spec.cpus)
+    if cg is not None:
+        return cg.prefix(), cg, f"{cg.version} memory {spec.memory_mb} MiB"
+    prlimit = shutil.which("prlimit")
+    if prlimit:
+        return [prlimit, f"--as={spec.memory_mb * 1024 * 1024}"], None, f"prlimit --as {spec.memory_mb} MiB"
+    return [], None, "none (no writable cgroup, no prlimit)"
+
+
+def _tail(path: Path, n: int = 600) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _docker_kill(name: str) -> None:
+    exe = shutil.which("docker") or "docker"
+    for sub in (["kill", name], ["rm", "-f", name]):
+        try:
+            subprocess.run([exe, *sub], capture_output=True, timeout=30, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+
+
+def _hand_over(spec: SandboxSpec) -> tuple[int, int] | None:
+    """Make the sample's writable directories (app, HOME, writable mounts) writable by the sandbox's uid 1000."""
+    owner = _owner(spec)
+    try:
+        for d in [Path(spec.app), Path(spec.home), *(Path(m.host) for m in spec.mounts if m.writable)]:
+            if owner is not None:
+                _chown_tree(d, *owner)
+            elif spec.kind == "docker" and os.geteuid() != UID:
+                _chmod_tree_open(d)
+    except OSError as e:
+        raise SandboxError(f"cannot hand the sample's directories to uid {UID}: {e}") from e
+    return owner
+
+
+def _command(spec: SandboxSpec, ctl: _Control, argv: list[str], name: str) -> tuple[list[str], dict[str, str], str]:
+    """(argv, environment, cwd) of the host process that is the sandbox."""
+    if spec.kind == "bwrap":
+        return bwrap_command(spec, ctl, argv), {"PATH": DEFAULT_PATH}, "/"
+    if spec.kind == "docker":
+        return docker_command(spec, ctl, argv, name), dict(os.environ), "/"
+    return _wrapper(spec, ctl, argv), {"PATH": DEFAULT_PATH}, str(spec.app)
+
+
+def _supervise(cmd: list[str], env: dict[str, str], cwd: str, stdout: Path, stderr: Path, timeout: float,
+               kill_extra) -> tuple[int | None, bool, float]:
+    """Run the sandbox process to its end or the timeout: (exit code, timed out, wall seconds). On a timeout, or
+    when the caller is interrupted, everything is killed before this returns or raises."""
+    with open(stdout, "wb") as out, open(stderr, "wb") as err:
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env, cwd=cwd,
+                                    start_new_session=True)
+        except OSError as e:
+            raise SandboxError(f"cannot start the sandbox ({cmd[0]}): {e}") from e
+
+        def kill() -> None:
+            kill_extra()
+            _killpg(proc.pid)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill()
+        except BaseException:  # cancelled (Ctrl-C): nothing may outlive the call
+            kill()
+            raise
+        finally:
+            wall = time.monotonic() - t0
+            _killpg(proc.pid)  # what the agent left in its process group (none: there is no pid namespace)
+        return (None if timed_out else proc.returncode), timed_out, wall
+
+
+def run_sandboxed(spec: SandboxSpec, argv: list[str], *, stdout: Path, stderr: Path, timeout: float) -> SandboxResult:
+    """Run `argv` in a fresh sandbox with cwd /app; its stdout and stderr go to the given files.
+
+    Returns once the sandbox is gone. Raises SandboxError when the sandbox could not be set up or never started
+    (the agent never ran); the message is bwrap's or docker's own when they said why."""
+    if not argv:
+        raise SandboxError("no command")
+    _check(spec)
+    if not os.access(SYSTEM_PYTHON, os.X_OK):
+        raise SandboxError(f"{SYSTEM_PYTHON} is missing (the sandbox wrapper runs on it)")
+    if spec.kind != "none" and shutil.which(spec.kind) is None:
+        raise SandboxError(available(spec.kind) or f"{spec.kind} is not installed")
+    if spec.kind == "docker":
+        ensure_image(spec.image)
+    owner = _hand_over(spec)
+    try:
+        ctl = _Control(spec, owner)
+    except OSError as e:
+        raise SandboxError(f"sandbox control directory: {e}") from e
+    cgroup: _Cgroup | None = None
+    name = f"polar-{uuid.uuid4().hex[:16]}"
+
+    def kill_extra() -> None:
+        if spec.kind == "docker":
+            _docker_kill(name)
+        if cgroup is not None:
+            cgroup.kill_all()
+
+    try:
+        prefix, cgroup, memory_limit = _memory(spec)
+        cmd, env, cwd = _command(spec, ctl, argv, name)
+        code, timed_out, wall = _supervise(prefix + cmd, env, cwd, stdout, stderr, timeout, kill_extra)
+        if cgroup is not None:
+            cgroup.kill_all()
+        if not ctl.ready().startswith("ready "):
+            if timed_out:
+                raise SandboxError(f"the {spec.kind} sandbox did not start within {timeout:g} s")
+            raise SandboxError(f"the {spec.kind} sandbox did not start (exit {code}): "
+                               f"{_tail(Path(stderr)) or 'no message'}")
+        return SandboxResult(exit_code=code, timed_out=timed_out, wall_s=wall, memory_limit=memory_limit)
+    finally:
+        if cgroup is not None:
+            cgroup.remove()
+        ctl.close()
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

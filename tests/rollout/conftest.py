@@ -1,0 +1,94 @@
+"""Rollout fixtures. `dockerd` — a private Docker daemon for this test session (its own data root, exec root, pid
+file and socket; `--bridge=none --iptables=false`, so it creates no network), DOCKER_HOST pointing at it, the
+sandbox image built locally; stopped at the end. Docker tests skip, with the reason, only when dockerd cannot start
+(not installed — `scripts/setup --system` — not root, or it exits / does not answer)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+DOCKERD_WAIT_S = 60.0
+
+
+def _docker(host: str, *args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "DOCKER_HOST": host}, stdin=subprocess.DEVNULL)
+
+
+def _unmount_under(base: Path) -> None:
+    try:
+        with open("/proc/self/mountinfo") as f:
+            points = [line.split()[4] for line in f]
+    except OSError:
+        return
+    for point in sorted((p for p in points if p.startswith(str(base) + "/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def dockerd():
+    exe = shutil.which("dockerd")
+    if exe is None:
+        pytest.skip("dockerd is not installed (scripts/setup --system installs docker.io)")
+    if shutil.which("docker") is None:
+        pytest.skip("the docker client is not installed (scripts/setup --system installs docker.io)")
+    if os.geteuid() != 0:
+        pytest.skip("dockerd needs root to start")
+    base = Path(tempfile.mkdtemp(prefix="polar-dockerd-"))  # short: Unix socket paths are limited to 107 bytes
+    host = f"unix://{base}/docker.sock"
+    log = open(base / "dockerd.log", "wb")
+    # vfs: the image is empty and everything else is bind-mounted, so nothing is copied, and it works on any
+    # filesystem (overlay2 inside an overlay-rooted CI container does not)
+    proc = subprocess.Popen(
+        [exe, "--bridge=none", "--iptables=false", "--storage-driver=vfs", "--data-root", str(base / "data"),
+         "--exec-root", str(base / "exec"), "--pidfile", str(base / "docker.pid"), "-H", host, "--log-level=warn"],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    old = os.environ.get("DOCKER_HOST")
+    try:
+        deadline = time.monotonic() + DOCKERD_WAIT_S
+        while True:
+            if proc.poll() is not None:
+                tail = (base / "dockerd.log").read_text(errors="replace").strip().splitlines()[-3:]
+                pytest.skip(f"dockerd exited ({proc.returncode}) at start: {' | '.join(tail)}")
+            try:
+                if _docker(host, "version", "--format", "{{.Server.Version}}", timeout=10).returncode == 0:
+                    break
+            except subprocess.TimeoutExpired:
+                pass
+            if time.monotonic() > deadline:
+                pytest.skip(f"dockerd did not answer within {DOCKERD_WAIT_S:g} s")
+            time.sleep(0.3)
+        os.environ["DOCKER_HOST"] = host
+        from polar.rollout.sandbox import DEFAULT_IMAGE, ensure_image
+
+        ensure_image(DEFAULT_IMAGE)
+        yield host
+    finally:
+        if old is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = old
+        if proc.poll() is None:
+            try:
+                ids = _docker(host, "ps", "-aq", timeout=15).stdout.split()
+                if ids:
+                    _docker(host, "rm", "-f", *ids, timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+        _unmount_under(base)
+        shutil.rmtree(base, ignore_errors=True)

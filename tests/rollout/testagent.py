@@ -1,0 +1,59 @@
+"""The python: agent the runner's tests run (`--agent python:testagent:run`), copied into each test task's agent/.
+
+Its behaviour is the instruction's first line, `mode: NAME`; every mode but `no-call` first asks the model once
+through the proxy with the official openai SDK (HTTPS_PROXY and SSL_CERT_FILE come from the runner/sandbox):
+  solve-k01         writes the right answer in samples k = 0, 1 (POLAR_SAMPLE) and a wrong one in k = 2, 3
+  solve             the right answer
+  fail-after-call   the right answer, then exit 3 (agent_error: verified and rewarded)
+  raise-after-call  raises (exit 1, the traceback in agent.stderr)
+  hang-after-call   sleeps past any agent timeout (agent_timeout: its one call is a partial trace)
+  slow              sleeps (k + 1) × POLAR_TEST_SLOW seconds (default 1.5) after the call, then the right answer
+  no-call           the right answer without calling the model (infra_error: no call with token ids)
+Any other instruction (the preflight's canary) is one call and exit 0; with POLAR_TEST_DISTRUST=1 that call trusts
+only certifi's CAs (an agent that does not trust the proxy's CA: its TLS handshake fails).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import time
+
+
+def ask(distrust: bool = False) -> str:
+    import openai
+
+    http_client = None
+    if distrust:
+        import certifi
+
+        http_client = openai.DefaultHttpxClient(verify=certifi.where())
+    client = openai.OpenAI(api_key="sk-polar-dummy", max_retries=0, timeout=60, http_client=http_client)
+    reply = client.chat.completions.create(model="polar-test", max_tokens=16,
+                                           messages=[{"role": "user", "content": "What is six times seven?"}])
+    return reply.choices[0].message.content or ""
+
+
+def run(instruction: str, workdir: str, env: dict) -> int | None:
+    first = instruction.strip().splitlines()[0] if instruction.strip() else ""
+    mode = first.split(":", 1)[1].strip() if first.startswith("mode:") else "canary"
+    app = pathlib.Path(workdir)
+    k = int(env.get("POLAR_SAMPLE", "0"))
+    if mode == "no-call":
+        (app / "answer.txt").write_text("42\n")
+        return 0
+    if mode == "canary":
+        ask(distrust=os.environ.get("POLAR_TEST_DISTRUST") == "1")
+        return 0
+    ask()
+    if mode == "solve-k01":
+        (app / "answer.txt").write_text("42\n" if k < 2 else "41\n")
+        return 0
+    if mode == "raise-after-call":
+        raise RuntimeError("the test agent gives up")
+    if mode == "hang-after-call":
+        time.sleep(600)
+    if mode == "slow":
+        time.sleep((k + 1) * float(os.environ.get("POLAR_TEST_SLOW", "1.5")))
+    (app / "answer.txt").write_text("42\n")
+    return 3 if mode == "fail-after-call" else None
