@@ -23,7 +23,7 @@ from polar.processor import rewards as rw
 from polar.processor.engine import Engine, GroupProducts, LocalEngine, Settings
 from polar.processor.load import Index, InputError
 from polar.processor.report import ReportBuilder, named_sessions, render_html
-from polar.processor.viewer import Vocabs, ViewerBuilder
+from polar.processor.viewer import ViewerBuilder, Vocabs
 from polar.processor.writers import (CALLS_SCHEMA, SEQUENCES_SCHEMA, BatchPacker, OutDir, StreamingParquet, calls_frame,
                                      sequences_frame)
 

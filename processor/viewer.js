@@ -413,6 +413,7 @@
       ["calls", fmt(row[COL.calls])], ["errors", fmt(row[COL.errors])], ["sequences", fmt(row[COL.sequences])],
       ["merge ratio", fmt(row[COL.merge_ratio], 2)], ["tokens", fmt(row[COL.tokens])],
       ["trainable", fmt(row[COL.trainable])], ["duration", secs(row[COL.seconds])],
+      ["started", D.calls.length ? new Date(D.t0 * 1000).toISOString().replace("T", " ").slice(0, 19) + " UTC" : "–"],
       ["flags", bitsToNames(row[COL.flags], IDX.flags).join(", ") || "–"],
       ["breaks", bitsToNames(row[COL.causes], IDX.causes).join(", ") || "–"]];
     v.replaceChildren(...present([

@@ -175,7 +175,7 @@ def encode_strip(ids: np.ndarray, mask: np.ndarray, logprobs: np.ndarray | None,
         if pos < b or not runs:
             runs.append(b - pos)
         parts.append([a, ids[a:b].tolist(), runs, lps])
-    return {"n": int(len(ids)), "parts": parts}
+    return {"n": len(ids), "parts": parts}
 
 
 def strip_token_ids(strip: dict) -> np.ndarray:

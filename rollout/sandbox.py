@@ -512,7 +512,9 @@ def bwrap_command(spec: SandboxSpec, ctl: _Control, argv: list[str]) -> list[str
     system = _system_entries()
     for path, link in system:
         cmd += ["--symlink", link, path] if link is not None else ["--ro-bind", path, path]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    # --perms: a tmpfs bwrap makes is root's 0755, uid 1000 cannot write there
+    # (Gemini CLI's shell tool then fails with EACCES; Claude Code exits 0 after ~30 s without calling the model)
+    cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--tmpfs", "/tmp"]
     # bwrap makes the missing parents of a target 0700 (root's): make them 0755 first, or uid 1000 cannot reach
     # /run/polar or /home/agent. Only parents on the empty root, never inside another bind.
     targets = tuple(p for p, _ in system) + ("/proc", "/dev", "/tmp") + tuple(t for _, _, t in binds)

@@ -141,9 +141,10 @@ def test_1_4_vocabulary_pieces_are_shown_as_text(piece, byte_level, text):
 
 def test_1_5_read_vocab_takes_model_vocab_and_added_tokens(tmp_path, tokenizer_dir):
     vocab = read_vocab(tokenizer_dir)
-    tok = json.loads(open(os.path.join(tokenizer_dir, "tokenizer.json")).read())
+    with open(os.path.join(tokenizer_dir, "tokenizer.json"), encoding="utf-8") as fh:
+        tok = json.load(fh)
     assert vocab[tok["model"]["vocab"]["<|im_end|>"]] == "<|im_end|>"
-    spaced = [p for p in tok["model"]["vocab"] if p.startswith("Ġ") and p[1:].isascii() and p[1:].isalpha()][0]
+    spaced = next(p for p in tok["model"]["vocab"] if p.startswith("Ġ") and p[1:].isascii() and p[1:].isalpha())
     assert vocab[tok["model"]["vocab"][spaced]] == " " + spaced[1:]
     (tmp_path / "uni").mkdir()
     (tmp_path / "uni" / "tokenizer.json").write_text(json.dumps({
@@ -212,7 +213,7 @@ def test_2_2_the_page_is_one_self_contained_file(plain):
     _, page = plain
     outside = page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "http://" not in outside and "https://" not in outside
-    assert not re.search(r"<(link|img|iframe|object|embed)\b|<script[^>]*\bsrc=|@import|url\(", page, flags=re.I)
+    assert not re.search(r"<(link|img|iframe|object|embed)\b|<script[^>]*\bsrc=|@import|url\(", page, flags=re.IGNORECASE)
     # The Content-Security-Policy admits exactly the page's one script.
     csp = re.search(r'http-equiv="Content-Security-Policy" content="([^"]*)"', page).group(1)
     scripts = re.findall(r"<script>(.*?)</script>", page, flags=re.DOTALL)

@@ -295,6 +295,17 @@ def test_agent_is_uid_1000_in_app(kind, run_dir):
     assert (s.app / "written-inside").stat().st_uid == 1000
 
 
+def test_tmp_is_a_private_tmpfs_the_agent_can_write(isolated, run_dir):
+    """/tmp is sticky and world-writable for uid 1000 (a root-owned 0755 tmpfs made Gemini CLI's shell tool fail with
+    EACCES and Claude Code exit 0 after ~30 s without a model call)."""
+    s = Sample(run_dir)
+    code = ("import os, stat, tempfile, json; st = os.stat('/tmp'); d = tempfile.mkdtemp(prefix='probe-');"
+            "print(json.dumps({'mode': oct(stat.S_IMODE(st.st_mode)), 'made': os.path.isdir(d)}))")
+    result, out, err = s.run(isolated, py(code))
+    assert result.exit_code == 0, err
+    assert json.loads(out) == {"mode": "0o1777", "made": True}
+
+
 def test_view_hides_the_host(isolated, run_dir, tmp_path):
     """Repository root, certs/, .cache/run/, RUN/, tasks' tests/ and solution/, /root, /etc/shadow, another sample."""
     task = tmp_path / "tasks" / "task-a"
