@@ -377,6 +377,12 @@ class PolarGateway:
     def _answer_ready(self, flow: http.HTTPFlow) -> None:
         # Not ready yet (endpoint starting) means "wait"; an `error` means this proxy fails closed: stop waiting.
         ready = self.endpoint.port is not None and self.failure is None
+        if self._refuses_others() and "proxy-authorization" in flow.request.headers:
+            # An agent's probe (sandboxed clients always carry their session): whether to wait, nothing more — the
+            # backend, the flow directory and the other samples' counters are the operator's business.
+            flow.response = http.Response.make(200 if ready else 503, orjson.dumps({"ready": ready}),
+                                               {"content-type": "application/json"})
+            return
         info: dict = {"ready": ready, "upstream": ctx.options.polar_upstream,
                       "flows": os.path.abspath(ctx.options.polar_flows), "pid": os.getpid()}
         if self.failure is not None:

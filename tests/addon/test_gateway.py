@@ -471,3 +471,17 @@ def test_5_6_a_bad_value_fails_closed_and_refuses(addon):
     f = connect_flow("example.com", 443)
     gw.http_connect(f)
     refused_line(f)
+
+
+def test_5_7_under_refuse_an_agents_readiness_probe_learns_only_whether_it_is_ready(addon):
+    """A sandboxed client always carries its session: it gets `ready` alone, not the backend URL, the flow
+    directory or the other samples' counters (the operator's probe, without credentials, gets everything)."""
+    gw, tctx = addon
+    tctx.configure(gw, polar_other_hosts="refuse")
+    agent = plain_flow("http://polar.gateway/ready")
+    agent.request.headers["proxy-authorization"] = "Basic " + base64.b64encode(b"run/t/0/0:x").decode()
+    gw.request(agent)
+    assert agent.response.status_code == 200 and orjson.loads(agent.response.content) == {"ready": True}
+    operator = plain_flow("http://polar.gateway/ready")
+    gw.request(operator)
+    assert {"upstream", "flows", "tls_failures", "served"} <= set(orjson.loads(operator.response.content))

@@ -44,7 +44,7 @@ SHELL_TOOLS = {"codex": "exec", "gemini-cli": "run_shell_command", "qwen-code": 
 def shell_call(harness: str, command: str) -> tuple[str, dict]:
     name = SHELL_TOOLS[harness]
     if harness == "codex":  # the default model's code-mode `exec` freeform tool
-        return name, {"input": "const r = await tools.exec_command({cmd: %s}); text(r.output);" % json.dumps(command)}
+        return name, {"input": f"const r = await tools.exec_command({{cmd: {json.dumps(command)}}}); text(r.output);"}
     if harness == "claude-code":
         return name, {"command": command, "description": "Run a shell command"}
     return name, {"command": command}
@@ -70,7 +70,7 @@ class CliPolicy:
         self.side = 0
         self.upstream = None
 
-    def bind(self, upstream) -> "CliPolicy":
+    def bind(self, upstream) -> CliPolicy:
         self.upstream = upstream
         return self
 

@@ -1,7 +1,8 @@
 """The python: agent of tests/rollout/test_isolation.py (`--agent python:probeagent:run`), copied into the test
 task's agent/ folder with `probe_config.json` beside it (written by the test: the host paths, ports and addresses to
 probe). From inside the sandbox it tries every way out it should not have, makes one real model call through the
-proxy with another sample's session in its proxy URL, and writes every outcome to /app/probe.json (the task's
+proxy with another sample's session in its proxy URL (then, on that path, requests to a provider host that are no
+model call: vLLM's own admin paths), and writes every outcome to /app/probe.json (the task's
 verifier copies it to /logs/verifier/, which lands in RUN/samples/<task>/<k>/<attempt>/verifier/).
 
 Outcomes are plain strings: `ok` (it worked: a hole), or the errno name / exception that stopped it; proxy probes
@@ -134,6 +135,15 @@ def run(instruction: str, workdir: str, env: dict) -> int | None:
     res["other_sample"] = {p: probe_path(p) for p in cfg["other_sample_paths"][str(k)]}
     # --- the host's files by their absolute paths
     res["paths"] = {p: probe_path(p) for p in cfg["paths"]}
+    # --- what every sample shares (the venv, the agent folder, the Python installation, the system) is read-only
+    res["writes"] = {}
+    for target in cfg["write_targets"]:
+        try:
+            with open(target, "ab") as f:  # appends to an existing file, creates a missing one
+                f.write(b"")
+            res["writes"][target] = "ok"
+        except OSError as e:
+            res["writes"][target] = _err(e)
     # --- processes and mounts: nothing of the host or the other sample
     cmdlines = []
     for pid in os.listdir("/proc"):
@@ -186,7 +196,8 @@ def run(instruction: str, workdir: str, env: dict) -> int | None:
             proxy, "POST http://api.openai.com/v1/chat/completions?probe=provider-80 HTTP/1.1\r\n"
                    "Host: api.openai.com\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"),
         "http_provider_80_get": through_proxy(
-            proxy, "GET http://api.openai.com/v1/models?probe=provider-80-get HTTP/1.1\r\nHost: api.openai.com\r\n\r\n"),
+            proxy, "GET http://api.openai.com/v1/models?probe=provider-80-get HTTP/1.1\r\n"
+                   "Host: api.openai.com\r\n\r\n"),
     }
 
     # --- one real model call, with another run's session in the proxy URL (the relay must put ours back)

@@ -13,7 +13,13 @@ upstream's requests and RUN/flows:
   to the vLLM port, to polar.gateway/admin/… and to a provider name on port 80 each get 403 and no backend request
   (the readiness probe, the one allowed plain-HTTP request, answers 200: the path to the proxy works);
 - one real model call with another session in its proxy URL (sample 0 claims sample 1's real session, sample 1 another
-  run's) is recorded under the sample's own session `<run-id>/probe/<k>/0`, and is the backend's only chat request.
+  run's) is recorded under the sample's own session `<run-id>/probe/<k>/0`, and is the backend's only chat request;
+  on that path, requests to provider hosts that are no model call (vLLM's /reset_prefix_cache, /sleep,
+  /v1/load_lora_adapter, /metrics, …) get the gateway's 4xx and never reach the backend;
+- what every sample shares (the venv, the agent folder, the Python installation, /usr, /etc, /run/polar) is read-only.
+
+The loopback scan counts `self-connect`s apart: an ephemeral port picked as its own source port connects a socket to
+itself (TCP simultaneous open), with no listener behind it.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import threading
 from collections import Counter
 from pathlib import Path
@@ -51,6 +58,12 @@ PROVIDER_PATHS = [["POST", "https://api.openai.com/reset_prefix_cache"], ["POST"
                   ["POST", "https://api.openai.com/v1/chat/completions/../../reset_prefix_cache"],
                   ["POST", "https://api.anthropic.com/v1/../reset_prefix_cache"],
                   ["GET", "https://generativelanguage.googleapis.com/metrics"]]
+# Shared by every sample, read-only inside: a file created (or appended to) there would reach the others and the host
+WRITE_TARGETS = [f"{runner.IN_VENV}/probe-write", f"{runner.IN_VENV}/pyvenv.cfg", f"{runner.IN_VENV}/bin/python",
+                 f"{runner.IN_AGENT_DIR}/probe-write", f"{runner.IN_AGENT_DIR}/probeagent.py",
+                 f"{runner.IN_LIB}/polar/rollout/pyagent.py", f"{runner.IN_LIB}/probe-write",
+                 f"{sandbox.CONTROL}/probe-write", f"{sandbox.CONTROL}/relay.py", f"{sys.base_prefix}/probe-write",
+                 "/usr/probe-write", "/etc/probe-write", "/etc/passwd", "/probe-write"]
 VERIFIER = """#!/usr/bin/env bash
 APP=${POLAR_APP:-/app}
 LOGS=${POLAR_LOGS:-/logs/verifier}
@@ -61,12 +74,16 @@ printf '{"reward": %s}\\n' "$r" > "$LOGS/reward.json"
 
 
 class Listener:
-    """A TCP listener on every host address (dual-stack `::`), counting the connections it accepts."""
+    """A TCP listener on every host address (dual-stack `::`, else `0.0.0.0`), counting the connections it accepts."""
 
     def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
-        self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-        self.sock.bind(("::", 0))
+        try:
+            self.sock = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            self.sock.bind(("::", 0))
+        except OSError:  # no IPv6 on this host: every IPv4 address
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.bind(("0.0.0.0", 0))
         self.sock.listen(16)
         self.port = self.sock.getsockname()[1]
         self.accepted: list = []
@@ -99,7 +116,7 @@ def _host_ips() -> list[str]:
     ips = ["127.0.0.1", "::1"]
     ip = shutil.which("ip")
     if ip:
-        out = subprocess.run([ip, "-o", "addr"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run([ip, "-o", "addr"], check=False, capture_output=True, text=True, timeout=10).stdout
         for line in out.splitlines():
             parts = line.split()
             if len(parts) > 3 and parts[2] in ("inet", "inet6"):
@@ -150,7 +167,8 @@ def _probe_task(tasks: Path, run: Path, tmp_path: Path, upstream, listener: List
              for k in (0, 1)}
     cfg = {"paths": _host_paths(tasks, run, tmp_path), "other_sample_paths": other, "host_ips": _host_ips(),
            "host_ports": [listener.port, upstream.port], "unix_sockets": unix_sockets,
-           "upstream_port": upstream.port, "provider_paths": PROVIDER_PATHS, "full_scan": 0, "overlap_s": 1.0,
+           "upstream_port": upstream.port, "provider_paths": PROVIDER_PATHS, "write_targets": WRITE_TARGETS,
+           "full_scan": 0, "overlap_s": 1.0,
            # sample 0 claims sample 1's real session, sample 1 another run's
            "spoofed_session": {"0": f"{RUN_ID}/{TASK}/1/0", "1": f"r-other/{TASK}/9/0"}}
     (task / "agent" / "probe_config.json").write_text(json.dumps(cfg, indent=1))
@@ -171,13 +189,11 @@ def listener():
     lis.close()
 
 
-@pytest.mark.parametrize("kind", ["bwrap", "docker", "none"])
+@pytest.mark.parametrize("kind", ["bwrap", "docker"])
 def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, request):
     env = rollout_env()
     unix_sockets = ["/var/run/docker.sock", "/run/docker.sock"]
-    if kind == "none":
-        pass
-    elif kind == "bwrap":
+    if kind == "bwrap":
         why = sandbox.available("bwrap")
         if why:
             pytest.skip(why)
@@ -192,7 +208,7 @@ def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, r
                    "--no-process", "--run-id", RUN_ID, "--agent-timeout", "120", env=env, timeout=240)
     assert proc.returncode == 0, explain(proc)
     doc = json.loads((run / "run.json").read_text())
-    assert kind == "none" or doc["isolation_safe"] is True and doc["proxy"]["other_hosts"] == "refuse"
+    assert doc["isolation_safe"] is True and doc["proxy"]["other_hosts"] == "refuse"
     lines = {line["k"]: line for line in results(run)}
     assert {k: (ln["status"], ln["reward"], ln["sandbox"]) for k, ln in lines.items()} == {
         0: ("completed", 1.0, kind), 1: ("completed", 1.0, kind)}, lines
@@ -207,6 +223,9 @@ def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, r
         assert visible == {}, f"sample {k} sees host paths: {visible}"
         assert len(res["paths"]) >= 20 and any("/certs/" in p for p in res["paths"])
         assert any(p.endswith("/solution/solve.sh") and "/examples/" in p for p in res["paths"])
+        # nothing shared is writable
+        assert all(why in ("EROFS", "EACCES", "EPERM") for why in res["writes"].values()), res["writes"]
+        assert sorted(res["writes"]) == sorted(WRITE_TARGETS)
         # the other sample: its workdir and HOME by host path, while it was running; its mounts; host processes
         assert set(res["other_sample"].values()) == {"ENOENT"}, res["other_sample"]
         other = lines[1 - k]
@@ -235,6 +254,8 @@ def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, r
     refused.pop("self-connect", None)  # an ephemeral port picked as its own source port: no listener
     assert refused == {"ECONNREFUSED": 65534 - probes[0]["loopback_refused"].get("self-connect", 0)}, refused
     assert listener.accepted == []
+    assert not (runner.ROOT / ".venv" / "probe-write").exists()
+    assert not (tasks / TASK / "agent" / "probe-write").exists()
     assert set(cfg["host_ips"]) >= {"127.0.0.1", "::1"}
 
     # the backend: only the two real calls, none of the refused probes
