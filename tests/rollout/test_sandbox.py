@@ -22,6 +22,7 @@ from polar.rollout.relay import HeadError, HostRelay, basic_auth, rewrite_head
 
 ROOT = Path(__file__).resolve().parents[2]
 ISOLATED = ("bwrap", "docker")
+IN_VENV = "/opt/polar/venv"  # as rollout/runner.py mounts it
 VENV = ROOT / ".venv"
 
 
@@ -320,7 +321,8 @@ def test_view_hides_the_host(isolated, run_dir, tmp_path):
               str(me.app), str(me.home), "/root/.bashrc", "/etc/shadow", str(tmp_path),
               "/run/polar/ready"]  # the wrapper's ready line: an agent that could swallow it would look like infra
     secret += [str(p) for p in sorted((ROOT / "examples").glob("**/solution"))[:2]]
-    mounts = (sb.Mount(VENV, str(VENV)),) if VENV.is_dir() else ()
+    # Where the runner mounts it (never at its host path: a checkout under /tmp would collide with the tmpfs).
+    mounts = (sb.Mount(VENV, IN_VENV),) if VENV.is_dir() else ()
     result, out, err = me.run(isolated, py(PROBE) + secret, mounts=mounts)
     assert result.exit_code == 0, err
     seen = json.loads(out)
@@ -332,12 +334,12 @@ def test_view_hides_the_host(isolated, run_dir, tmp_path):
             f"'repo': sorted(os.listdir({str(ROOT)!r})) if os.path.isdir({str(ROOT)!r}) else None}}))")
     result, out, err = me.run(isolated, py(code), mounts=mounts)
     seen = json.loads(out)
-    assert seen["repo"] in (None, [], [".venv"])  # the repository root is at most the path to the mounted venv
+    assert seen["repo"] in (None, [])  # the repository root is not there
     assert seen["app"] == ["main.py"] and seen["home"] == [".secret-state"] and seen["homes"] == ["agent"]
     assert "tmp" in seen["root"] and "app" in seen["root"]
     assert seen["rootdir"] in (None, [], [".pyenv"])  # at most the path to the Python installation
     if mounts:
-        result, out, err = me.run(isolated, [str(VENV / "bin" / "python"), "-c",
+        result, out, err = me.run(isolated, [f"{IN_VENV}/bin/python", "-c",
                                              "import sys, msgpack; print(sys.version_info[:2] >= (3, 11))"],
                                   mounts=mounts)
         assert (result.exit_code, out.strip()) == (0, "True"), err
