@@ -61,7 +61,7 @@ def skip_reason(model: str) -> str | None:
 
 
 def start_vllm(model: str = "tiny", *, logprobs_mode: str = "raw_logprobs", max_model_len: int | None = None,
-               extra: tuple[str, ...] = ()) -> VllmServer:
+               dtype: str = "bfloat16", dev: bool = False, extra: tuple[str, ...] = ()) -> VllmServer:
     """Start a private server through scripts/vllm (skips the test when the environment is missing)."""
     reason = skip_reason(model)
     if reason:
@@ -70,7 +70,7 @@ def start_vllm(model: str = "tiny", *, logprobs_mode: str = "raw_logprobs", max_
     os.close(fd)
     os.unlink(run_file)  # scripts/vllm treats an existing run file as a server to reuse
     cmd = [sys.executable, SCRIPT, "start", "--model", model, "--logprobs-mode", logprobs_mode,
-           "--run-file", run_file, "--timeout", str(START_TIMEOUT_S)]
+           "--run-file", run_file, "--timeout", str(START_TIMEOUT_S), "--dtype", dtype, *(["--dev"] if dev else [])]
     if max_model_len:
         cmd += ["--max-model-len", str(max_model_len)]
     if extra:

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The trainer environment (DESIGN §10): `.venv-train`, Python 3.11 (the interpreter .venv-vllm uses), with the project
+# and its [train] extra. torch is pinned to 2.13.0: on a CPU machine the local `+cpu` wheel pip finds (FIELD-NOTES §9);
+# PyPI's plain torch would pull the CUDA build, so a machine without that wheel fails here in seconds.
+#
+# Idempotent: a stamp records pyproject.toml's hash; when it matches, this is a no-op in well under a second.
+# Env (optional): POLAR_TRAIN_VENV (default $ROOT/.venv-train), POLAR_TRAIN_PYTHON (a Python 3.11).
+set -euo pipefail
+
+ROOT="${POLAR_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
+VENV="${POLAR_TRAIN_VENV:-$ROOT/.venv-train}"
+STAMP="$VENV/.polar-setup.stamp"
+LOG_DIR="$ROOT/.cache/setup-logs"
+spec="train $(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+
+say() { printf 'setup --train: %s\n' "$*" >&2; }
+die() { say "ERROR: $*"; exit 1; }
+
+if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$spec" && -x "$VENV/bin/python" ]]; then
+    exit 0
+fi
+
+find_python311() {
+    local c
+    for c in "${POLAR_TRAIN_PYTHON:-}" /root/.pyenv/versions/3.11.7/bin/python "$HOME/.pyenv/versions/3.11.7/bin/python" \
+             python3.11 python3; do
+        [[ -n "$c" ]] || continue
+        if command -v "$c" >/dev/null 2>&1 \
+           && PYENV_VERSION=3.11.7 "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
+            echo "$c"; return 0
+        fi
+    done
+    return 1
+}
+
+mkdir -p "$LOG_DIR"
+log="$LOG_DIR/train.log"
+: >"$log"
+run() {
+    if ! "$@" >>"$log" 2>&1; then
+        tail -n 30 "$log" >&2
+        die "failed: $* (full log: $log)"
+    fi
+}
+
+t0=$SECONDS
+if [[ ! -x "$VENV/bin/python" ]]; then
+    py="$(find_python311)" || die "Python 3.11 not found (the torch CPU wheel is cp311); set POLAR_TRAIN_PYTHON"
+    say "creating $VENV with $py"
+    run env PYENV_VERSION=3.11.7 "$py" -m venv "$VENV"
+fi
+pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
+say "installing the project with [train] (torch 2.13.0 CPU, transformers 5.19.0; log: $log)"
+run "${pip[@]}" install -e "$ROOT[train]"
+run "$VENV/bin/python" -c 'import torch, transformers, safetensors, polar.processor, polar.trainer'
+printf '%s' "$spec" >"$STAMP"
+say "done in $((SECONDS - t0)) s: $VENV ($(du -sh "$VENV" 2>/dev/null | cut -f1))"
