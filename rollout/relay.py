@@ -203,11 +203,10 @@ class HostRelay:
         self._closed = False
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            old = os.umask(0o177)
-            try:
-                self._listener.bind(path)
-            finally:
-                os.umask(old)
+            # No umask change here: the umask is process-wide, and a sample thread making its /app or HOME at that
+            # moment got a 0600 directory (EACCES inside the sandbox). The socket's directory is private (0700)
+            # until the socket has its owner and mode (the caller opens the directory afterwards).
+            self._listener.bind(path)
             if owner is not None:
                 os.chown(path, *owner)
             os.chmod(path, 0o600)

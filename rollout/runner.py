@@ -1038,6 +1038,9 @@ class Runner:
             self._summary(lines, None)
             return 130
         processed = None if self.opts.no_process else self._process()
+        if processed is not None:  # what polar-train reads (exit, seconds, counts); the command stays in process.log
+            self.run_doc["processed"] = {k: v for k, v in processed.items() if k != "command"}
+            self._save_run_doc()
         return self._summary(lines, processed)
 
     # -- RUN, run.json, tasks -------------------------------------------------------------------------------------

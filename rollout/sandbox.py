@@ -441,7 +441,7 @@ class _Control:
         self.relay: HostRelay | None = None
         self.ready_fd: int | None = None
         try:
-            os.chmod(self.dir, 0o755)
+            # mkdtemp made it 0700: it opens (0755) only once every file in it has its owner and mode
             shutil.copyfile(_RELAY_SOURCE, self.dir / "relay.py")
             os.chmod(self.dir / "relay.py", 0o644)
             env = dict(spec.env)
@@ -461,6 +461,7 @@ class _Control:
             os.chmod(self.dir / "ready", 0o200)
             if spec.proxy_port is not None:
                 self.relay = HostRelay(str(self.dir / "proxy.sock"), spec.proxy_port, spec.session or "", owner=owner)
+            os.chmod(self.dir, 0o755)
         except BaseException:
             self.close()
             raise

@@ -246,6 +246,42 @@ def test_host_relay_plain_http_forwards_one_request_only(tmp_path, fake_proxy):
     assert fake_proxy.sessions() == ["run-1/task-a/0/0"]
 
 
+def test_host_relay_leaves_the_process_umask_alone(tmp_path, fake_proxy, monkeypatch):
+    """The umask is process-wide: a relay that changed it, even for a moment, made the /app, HOME or /logs/verifier
+    another sample thread was creating at that moment 0600 (CI: `bwrap: Can't chdir to /app`, EACCES on HOME).
+    The socket still ends up the owner's alone (0600)."""
+    calls = []
+    real = os.umask
+    monkeypatch.setattr(os, "umask", lambda mask: calls.append(mask) or real(mask))
+    path = str(tmp_path / "proxy.sock")
+    with HostRelay(path, fake_proxy.port, "run-1/task-a/0/0"):
+        assert (os.stat(path).st_mode & 0o777) == 0o600
+    assert calls == []
+
+
+def test_control_dir_opens_only_once_its_socket_is_private(run_dir, fake_proxy, monkeypatch):
+    """While the relay's socket is bound (mode from the umask, before its chmod) the control directory is 0700."""
+    seen = []
+    real_bind = socket.socket.bind
+
+    def bind(self, address):
+        if isinstance(address, str):
+            seen.append(os.stat(os.path.dirname(address)).st_mode & 0o777)
+        return real_bind(self, address)
+
+    monkeypatch.setattr(socket.socket, "bind", bind)
+    spec = sb.SandboxSpec(kind="none", app=run_dir / "app", home=run_dir / "home", mounts=(), env={},
+                          proxy_port=fake_proxy.port, session="run-1/task-a/0/0", memory_mb=None, cpus=None,
+                          image=sb.DEFAULT_IMAGE, label=None)
+    for d in (spec.app, spec.home):
+        d.mkdir(parents=True, exist_ok=True)
+    ctl = sb._Control(spec, None)
+    try:
+        assert seen == [0o700] and (os.stat(ctl.dir).st_mode & 0o777) == 0o755
+    finally:
+        ctl.close()
+
+
 @pytest.mark.unit
 def test_available_and_prefixes():
     assert sb.available("none") is None
