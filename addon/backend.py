@@ -1,9 +1,11 @@
-"""The backend connection: one httpx client, the lazily resolved model and backend kind, and /tokenize."""
+"""The backend connection: one httpx client, the lazily resolved model and backend kind, /tokenize, and the policy
+version a vLLM dev-mode server reports (`GET /weight_info`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import httpx
 import orjson
@@ -38,6 +40,8 @@ class Backend:
         self.stream_client = None
         self._info: BackendInfo | None = None
         self._lock = asyncio.Lock()
+        # Told the weight version vLLM reports at each probe (the gateway's control state adopts it).
+        self.on_weight_version: Callable[[str | None], None] | None = None
 
     async def close(self) -> None:
         await self.client.aclose()
@@ -88,8 +92,22 @@ class Backend:
         version_doc = await self._get_json(f"{self.root_url}/version")
         version = (version_doc or {}).get("version")
         info = BackendInfo(kind=kind, version=version, model=model, max_model_len=max_len)
-        log.info("polar backend: %s %s model=%s max_model_len=%s", kind, version, model, max_len)
+        weight_version = await self.weight_info() if kind == "vllm" else None
+        log.info("polar backend: %s %s model=%s max_model_len=%s weight_version=%s", kind, version, model, max_len,
+                 weight_version)
+        if self.on_weight_version is not None:
+            self.on_weight_version(weight_version)
         return info
+
+    async def weight_info(self) -> str | None:
+        """The weight version vLLM serves (`GET /weight_info`, mounted only with VLLM_SERVER_DEV_MODE=1); None when
+        the endpoint is absent or says nothing usable. Never raises: the version is a label, not a reason to fail."""
+        try:
+            doc = await self._get_json(f"{self.root_url}/weight_info")
+        except GatewayError:
+            return None
+        version = (doc or {}).get("weight_version") if isinstance(doc, dict) else None
+        return str(version) if isinstance(version, (str, int)) and not isinstance(version, bool) else None
 
     async def _tokenize(self, body: dict) -> dict:
         # Every /tokenize the gateway asks goes through here (the clamp, count_tokens, exact mode's renders).

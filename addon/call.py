@@ -4,7 +4,9 @@
 - translate: the session, then the codec's `to_chat` (the agent's request as an OpenAI chat plan).
 - shape: `shaping.shape` writes the upstream body (exact mode hands it spliced prompt ids; `/tokenize` is asked
   only when max_tokens could overflow the context).
-- stream: the backend's SSE read chunk by chunk (`stream_reader`), translated by the codec's Encoder as it arrives.
+- stream: waits while the control endpoints hold generation (a weight reload), stamps the policy version current
+  at the send (`weight_version`), then the backend's SSE read chunk by chunk (`stream_reader`), translated by the
+  codec's Encoder as it arrives.
 - finish: one ending for both response shapes (streamed events or one JSON body), one mid-stream error path.
 
 The record belongs to the `Recorder`; every ending seals it before the agent's last bytes, and every generation
@@ -14,6 +16,7 @@ request that fails still writes one, with `error` set. The codec is used only th
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -46,6 +49,7 @@ class CallSettings:
     thinking_kwarg: str | None
     sampling_override: dict
     exact: object = None  # exact.ExactMode when polar_exact is on
+    control: object = None  # control.Control: the hold gate and the weight version (None: never held, no version)
 
 
 @dataclass
@@ -232,7 +236,8 @@ class Call:
         if self.settings.exact is not None:
             # Exact on-policy mode: the spliced prompt ids, or the record says why the normal path answers.
             draft = shaped()
-            turn = await self.settings.exact.prepare(self.backend, info, draft.body, self.rec.record["session"])
+            turn = await self.settings.exact.prepare(self.backend, info, draft.body, self.rec.record["session"],
+                                                     flows=self.rec.writer.directory)
             self.rec.exact_turn = turn
             if turn.sent is not None:
                 result = shaped(prompt_ids=turn.sent)
@@ -268,6 +273,15 @@ class Call:
     # ---------------------------------------------------------------------------------------------- stream
 
     async def _stream(self, info: BackendInfo, shaped: Shaped) -> int:
+        # Held (a weight reload): wait here, before the backend sees the request; the hold wait is not part of
+        # polar_first_byte_timeout. The version is the one current when the request is sent.
+        gate = self.settings.control.generation() if self.settings.control is not None \
+            else contextlib.nullcontext(None)
+        async with gate as weight_version:
+            self.rec.set(weight_version=weight_version)
+            return await self._send(info, shaped)
+
+    async def _send(self, info: BackendInfo, shaped: Shaped) -> int:
         reader = StreamReader(keep_logprob_entries=self.plan.agent_top_logprobs is not None,
                               forced_tool_choice=shaped.body.get("tool_choice"),
                               call_id_prefix=f"call_{self.p.record_id.replace('-', '')[-12:]}")

@@ -12,6 +12,20 @@ The spliced ids go upstream as `kv_transfer_params.prompt_token_ids` (vLLM uses 
 tool-call and reasoning parsers), and the echoed prompt ids are checked against what was sent. A turn that cannot
 be spliced takes the normal path; its record says why (`exact.fallback_reason`). Nothing fails because of this mode.
 
+After a restart (or an eviction) the cache no longer holds the turns a continuing session needs. On such a miss —
+no cached turn is a parent, and the session's turns have not been rebuilt since it entered the cache — the gateway
+rebuilds the session's turns from the flow files in the writer's directory (DESIGN §7) and looks once more:
+
+- `turn_index.TurnIndex` indexes the directory by session, lazily at the first miss and incrementally after (a
+  file is read once, from where the last pass stopped); it keeps only records `commit` can have cached.
+- `turn_from_record` is the rule `commit` applies, read back from a record (its `upstream_request` gives the
+  messages and the settings key, `assistant` the reply, the prompt rebuilt from its compact form): the rebuilt
+  turns are the ones this process would hold had it never lost them — same ids, same keys, same ids to splice —,
+  the last `max_turns` of them, restored ahead of turns cached since.
+- The work runs in a worker thread under one lock (the event loop keeps serving). Unreadable files are skipped
+  and logged once; if the session's own records cannot be read back and the lookup still misses, the reason is
+  `rebuild_failed`, else `no_parent` / `history_edited` as before.
+
 The probe runs lazily, inside the first generation call that reaches this mode — not when mitmdump starts — and
 again for each new (backend URL, model, backend version), e.g. after a connection failure made the gateway resolve
 a changed backend. It renders "Polar probe" a few ways with `/tokenize` (about 15 small calls) to learn the
@@ -38,6 +52,10 @@ failed before reaching the mode: bad agent input, backend unreachable while reso
   context (the processor's `context_mismatch`).
 - `prep_ms` float: time spent preparing the call in this mode (the probe included, on the calls that ran or
   awaited it).
+- `rebuild` map, only on calls that rebuilt their session's turns from the flow files: `records` (the session's
+  records read back), `turns` (turns restored to the cache), `skipped` (records of the session that could not be
+  read back or whose compact prompt could not be rebuilt), `bad_files` (flow files of the directory skipped in
+  part so far), `ms` (time spent).
 The four numbers are nil when no splice was computed (no parent, media, render_failed, and boundary_not_found, which
 sets only `render_len`). Prompt ids are stored compactly (`prompt_ref` {id, len} + `prompt_tail_ids`, see
 docs/records.md) whenever a parent was found and the echoed prompt starts with its prompt, so token arrays stop
@@ -50,8 +68,10 @@ from __future__ import annotations
 import array
 import asyncio
 import logging
+import os
+import sys
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 import httpx
@@ -59,6 +79,7 @@ import orjson
 
 from . import record as rec
 from .stream_reader import StreamReader
+from .turn_index import PassStats, ReadStats, TurnIndex
 
 log = logging.getLogger("polar.exact")
 
@@ -78,6 +99,7 @@ PROBE_ERROR = "probe_error"        # the probe could not run (backend down); ret
 RENDER = "render_failed"           # /tokenize failed
 TOO_LONG = "prompt_too_long"       # the spliced prompt does not fit the context: the normal path answers
 NO_IDS = "no_token_ids"            # the parent turn has no token ids
+REBUILD_FAILED = "rebuild_failed"  # no parent, and the session's records in the flow files could not all be read
 
 
 # ---------------------------------------------------------------------------------------------------- comparison
@@ -187,6 +209,8 @@ class TurnCache:
         self.max_sessions, self.max_turns, self.max_bytes = max_sessions, max_turns, max_bytes
         self.sessions: OrderedDict[object, list[CachedTurn]] = OrderedDict()
         self.nbytes = 0
+        # Sessions whose turns were rebuilt from the flow files since they entered the cache: a miss there is real.
+        self.restored: set = set()
 
     def turns(self, session) -> list[CachedTurn]:
         turns = self.sessions.get(session)
@@ -211,6 +235,19 @@ class TurnCache:
                 break
             self.nbytes -= sum(t.nbytes for t in old_turns)
             del self.sessions[oldest]
+            self.restored.discard(oldest)
+
+    def restore(self, session, rebuilt: list[CachedTurn], complete: bool = True) -> None:
+        """Put back a session's turns rebuilt from the flow files (in the order they were committed), ahead of the
+        turns cached since that are not among them; the bounds apply as in `add`. `complete`: every record could
+        be read, so the session is marked restored (not rebuilt again while it stays cached)."""
+        current = self.sessions.pop(session, [])
+        self.nbytes -= sum(t.nbytes for t in current)
+        seen = {t.id for t in rebuilt}
+        for t in rebuilt + [t for t in current if t.id not in seen]:
+            self.add(session, t)
+        if complete and session in self.sessions:
+            self.restored.add(session)
 
 
 def find_parent(turns: list[CachedTurn], key: bytes, new: list[MsgKey]) -> CachedTurn | None:
@@ -291,6 +328,8 @@ class ExactMode:
         self.cache = cache or TurnCache()
         self.probes: dict[tuple, ProbeResult] = {}
         self._lock = asyncio.Lock()
+        self.indexes: dict[str, TurnIndex] = {}  # flow directory → its session index, kept for the process's life
+        self._rebuild_lock = asyncio.Lock()
 
     # ------------------------------------------------------------------------------------------ probe
 
@@ -316,21 +355,23 @@ class ExactMode:
 
     # ------------------------------------------------------------------------------------------ per call
 
-    async def prepare(self, backend, info, body: dict, session) -> ExactTurn:
+    async def prepare(self, backend, info, body: dict, session, flows: str | None = None) -> ExactTurn:
         """Before the upstream call, given the shaped chat body: find the parent, render, splice. On success
-        `turn.sent` holds the prompt ids for shaping to send (shaping also clamps max_tokens to them). Never raises:
-        every trouble becomes a `fallback_reason` and the normal path."""
+        `turn.sent` holds the prompt ids for shaping to send (shaping also clamps max_tokens to them). `flows`: the
+        flow directory this process writes, where a miss rebuilds the session's turns (None: no rebuild). Never
+        raises: every trouble becomes a `fallback_reason` and the normal path."""
         t0 = time.perf_counter()
         try:
-            turn = await self._prepare(backend, info, body, session)
+            turn = await self._prepare(backend, info, body, session, flows)
         except Exception as exc:  # noqa: BLE001 — a bug here must not fail the call
             log.exception("polar_exact: prepare failed")
+            # No `splice_pos` key and no settings key: commit() caches nothing, and may_be_cached() knows it.
             turn = ExactTurn(session, b"", [], {"parent": None, "path": "normal", "fallback_reason": "internal_error",
                                                 "detail": f"{exc!r}"[:500]})
         turn.meta["prep_ms"] = round((time.perf_counter() - t0) * 1000, 3)
         return turn
 
-    async def _prepare(self, backend, info, body: dict, session) -> ExactTurn:
+    async def _prepare(self, backend, info, body: dict, session, flows: str | None) -> ExactTurn:
         messages = body.get("messages") or []
         keys = [MsgKey.of(m) for m in messages if isinstance(m, dict)]
         turn = ExactTurn(session, settings_key(info.model, body), keys,
@@ -350,11 +391,8 @@ class ExactMode:
             # be its parent, whatever else this session has answered. Not a miss, and not an edit.
             meta["fallback_reason"] = NEW_CONVERSATION
             return turn
-        turns = self.cache.turns(session)
-        parent = find_parent(turns, turn.key, keys) if turns else None
-        turn.parent = parent
+        parent = turn.parent = await self._lookup(turn, flows)
         if parent is None:
-            meta["fallback_reason"] = HISTORY_EDITED if turns else NO_PARENT
             return turn
         meta["parent"] = parent.id
         if has_media(messages):
@@ -377,6 +415,52 @@ class ExactMode:
         turn.sent = s.ids
         meta["path"] = "exact"
         return turn
+
+    async def _lookup(self, turn: ExactTurn, flows: str | None) -> CachedTurn | None:
+        """The parent among the session's cached turns; on a miss in a session not rebuilt since it entered the
+        cache, once more after rebuilding its turns from the flow files. A miss sets the fallback reason:
+        `rebuild_failed` when the session's records could not all be read back, else `history_edited` when turns
+        are cached, else `no_parent`."""
+        session, meta = turn.session, turn.meta
+        turns = self.cache.turns(session)
+        parent = find_parent(turns, turn.key, turn.messages) if turns else None
+        failure = None
+        if parent is None and flows is not None and session not in self.cache.restored:
+            turns, failure = await self._rebuild(session, flows, meta)
+            parent = find_parent(turns, turn.key, turn.messages) if turns else None
+        if parent is None:
+            if failure is not None:
+                meta.update(fallback_reason=REBUILD_FAILED, detail=failure)
+            else:
+                meta["fallback_reason"] = HISTORY_EDITED if turns else NO_PARENT
+        return parent
+
+    async def _rebuild(self, session, flows: str, meta: dict) -> tuple[list[CachedTurn], str | None]:
+        """Restore the session's turns from the flow files in `flows` (DESIGN §7): one rebuild at a time, in a
+        worker thread. Returns the session's cached turns now and why the rebuild fell short (None: it did not)."""
+        async with self._rebuild_lock:
+            if session in self.cache.restored:  # rebuilt by another call while this one waited
+                return self.cache.turns(session), None
+            flows = os.path.abspath(flows)
+            index = self.indexes.get(flows)
+            if index is None:
+                index = self.indexes[flows] = TurnIndex(flows, INDEX_FIELDS, may_be_cached)
+            t0 = time.perf_counter()
+            try:
+                done = await asyncio.to_thread(rebuild_turns, index, session, self.cache.max_turns)
+            except Exception as exc:  # noqa: BLE001 — an unreadable directory or a bug: the call goes on without it
+                log.error("polar_exact: rebuilding session %r from %s failed: %r", session, flows, exc,
+                          exc_info=not isinstance(exc, OSError))
+                done = Rebuilt([], ReadStats(), PassStats(), f"{exc!r}"[:500])
+            ms = round((time.perf_counter() - t0) * 1000, 3)
+            self.cache.restore(session, done.turns, complete=done.failure is None)
+            meta["rebuild"] = {"records": done.read.read, "turns": len(done.turns), "skipped": done.skipped,
+                               "bad_files": len(index.bad_files), "ms": ms}
+            log.info("polar_exact: session %r rebuilt from %d records: %d turns, %d skipped; index pass: %d files, "
+                     "%d bytes, %d records kept, %d partial; %d flow files skipped in part; %.1f ms", session,
+                     done.read.read, len(done.turns), done.skipped, done.passed.files_read, done.passed.bytes_read,
+                     done.passed.records_kept, done.passed.partial, len(index.bad_files), ms)
+            return self.cache.turns(session), done.failure
 
     def finish(self, turn: ExactTurn, record: dict, prompt: list[int] | None) -> None:
         """Before the record is written: echo check, `exact` map, compact prompt form. Never raises."""
@@ -410,12 +494,119 @@ class ExactMode:
             log.exception("polar_exact: could not cache turn %s", record.get("id"))
 
     def _commit(self, turn: ExactTurn, record: dict, prompt, completion, reply) -> None:
+        # The rule turn_from_record() reads back from the record: keep the two in step.
         if not turn.key or record.get("error") is not None or prompt is None or completion is None or reply is None:
             return
-        reply_msg = {"role": "assistant", "content": reply.get("content"), "reasoning": reply.get("reasoning"),
-                     "tool_calls": reply.get("tool_calls")}
-        self.cache.add(turn.session, CachedTurn(record["id"], turn.key, turn.messages, MsgKey.of(reply_msg),
-                                                array.array("i", prompt), array.array("i", completion)))
+        self.cache.add(turn.session, cached_turn(record["id"], turn.key, turn.messages, prompt, completion, reply))
+
+
+def cached_turn(record_id: str, key: bytes, messages: list[MsgKey], prompt, completion, reply: dict,
+                t: float | None = None) -> CachedTurn:
+    """The cache entry of one answered turn: what commit() stores, and what a rebuild from its record restores
+    (`prompt`, `completion`: ids, as a list or an int32 array)."""
+    reply_msg = {"role": "assistant", "content": reply.get("content"), "reasoning": reply.get("reasoning"),
+                 "tool_calls": reply.get("tool_calls")}
+    return CachedTurn(record_id, key, messages, MsgKey.of(reply_msg), array.array("i", prompt),
+                      array.array("i", completion), **({"t": t} if t is not None else {}))
+
+
+# ---------------------------------------------------------------------------------------------------- the rebuild
+
+# The small record fields the index pass builds, and the part of commit()'s rule they decide.
+INDEX_FIELDS = frozenset({"id", "exact", "error"})
+
+
+def may_be_cached(fields: dict) -> bool:
+    """Whether commit() can have cached the record: the mode prepared the call (an `exact` map with `splice_pos`;
+    a failed prepare() leaves none, and no settings key) and the call did not fail."""
+    meta = fields.get("exact")
+    return isinstance(meta, dict) and "splice_pos" in meta and fields.get("error") is None
+
+
+# The fields turn_from_record reads.
+_TURN_FIELDS = ("id", "exact", "error", "prompt_token_ids", "completion_token_ids", "assistant", "upstream_request",
+                "t_end")
+
+
+def cacheable(record: dict) -> dict | None:
+    """The fields of `record` that make its cached turn, when commit() cached one (the record's compact prompt
+    already rebuilt): `may_be_cached`, and the prompt and completion ids and the reply were there. None otherwise."""
+    if not may_be_cached(record):
+        return None
+    ids = (record.get("prompt_token_ids"), record.get("completion_token_ids"), record.get("upstream_request"))
+    if not all(isinstance(x, bytes) for x in ids) or not isinstance(record.get("assistant"), dict):
+        return None
+    return {name: record.get(name) for name in _TURN_FIELDS}
+
+
+def turn_from_record(record: dict, keys: dict[bytes, MsgKey] | None = None) -> CachedTurn | None:
+    """The turn commit() cached when it wrote `record` (whose compact prompt is rebuilt), or None when it cached
+    none. The settings key and messages come from `upstream_request`: the body shaped from the same chat body as
+    the draft prepare() keyed, with the same model, messages, tools and template kwargs (exact mode only adds the
+    prompt ids and clamps max_tokens). `keys` memoizes message keys by the message's JSON across one session's
+    records, whose histories share their prefix (building every key again is quadratic in the turns)."""
+    fields = cacheable(record)
+    if fields is None:
+        return None
+    body = orjson.loads(fields["upstream_request"])
+    keys = {} if keys is None else keys
+    messages = []
+    for m in body.get("messages") or []:
+        if isinstance(m, dict):
+            raw = orjson.dumps(m)  # exact: 1 and 1.0 are equal dict values but different JSON, maybe different keys
+            key = keys.get(raw)
+            messages.append(key if key is not None else keys.setdefault(raw, MsgKey.of(m)))
+    t_end = fields["t_end"]
+    return cached_turn(fields["id"], settings_key(body.get("model"), body), messages,
+                       _ids_array(fields["prompt_token_ids"]), _ids_array(fields["completion_token_ids"]),
+                       fields["assistant"], t_end if isinstance(t_end, float) else None)
+
+
+def _ids_array(blob: bytes) -> array.array:
+    """int32 little-endian ids as the cache stores them (record.unpack_ids without the list)."""
+    arr = array.array("i")
+    arr.frombytes(blob)
+    if sys.byteorder != "little":
+        arr.byteswap()
+    return arr
+
+
+@dataclass
+class Rebuilt:
+    turns: list[CachedTurn]
+    read: ReadStats
+    passed: PassStats
+    failure: str | None = None
+
+    @property
+    def skipped(self) -> int:
+        return len(self.read.unreadable) + len(self.read.unresolved)
+
+
+def rebuild_turns(index: TurnIndex, session, max_turns: int) -> Rebuilt:
+    """A session's turns as commit() cached them, from the flow files (runs in a worker thread): the index extended
+    with what was written since its last pass, then the session's records in the order they were written, each
+    through turn_from_record, the last `max_turns` kept (as TurnCache.add keeps them). Every record is read (a
+    compact prompt needs the one it refers to), but only the last `max_turns` become turns: building one costs a
+    message key per message of its history."""
+    passed = index.refresh()
+    read = ReadStats()
+    last: deque[dict] = deque(maxlen=max_turns)
+    for record in index.session_records(session, read):
+        fields = cacheable(record)
+        if fields is not None:
+            last.append(fields)
+    kept, keys = [], {}
+    for fields in last:
+        try:
+            kept.append(turn_from_record(fields, keys))
+        except Exception as exc:  # noqa: BLE001 — commit() failed on the same data: it cached nothing either
+            log.warning("polar_exact: record %s is not a turn to cache: %r", fields.get("id"), exc)
+    problems = read.unreadable + [f"{rid}: the record its compact prompt refers to was not found"
+                                  for rid in read.unresolved]
+    failure = (f"{len(problems)} of the session's records in the flow files could not be read back; first: "
+               f"{problems[0]}"[:500]) if problems else None
+    return Rebuilt(kept, read, passed, failure)
 
 
 def elide_prompt_ids(upstream_request: bytes) -> bytes:

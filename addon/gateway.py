@@ -39,6 +39,7 @@ from .record import FlowWriter, uuid7
 from .options import BY_NAME, OPTIONS, GatewayOptions, OptionError, parse_options, take_unparseable
 from .provider_errors import unavailable
 from .confdir import secure_confdir
+from .control import Control, ControlServer, TokenFileError, ensure_token
 from .http_client import StreamClient
 
 log = logging.getLogger("polar.gateway")
@@ -82,6 +83,10 @@ class PolarGateway:
         self.options: GatewayOptions | None = None
         self._loopback_forced = False
         self.exact: ExactMode | None = None
+        # Weight publication (DESIGN §10): hold/release state shared by every call, and its loopback server.
+        self.control = Control()
+        self.control_server = ControlServer(self.control, None)
+        self.control_token_path: str | None = None
         # Values mitmproxy could not parse (taken out of its deferred set in `load`), and the one line of the
         # current configuration error: while it is set the gateway fails closed (providers get their 503).
         self._unparseable: dict[str, OptionError] = {}
@@ -126,7 +131,7 @@ class PolarGateway:
             parsed = self._parse_options()
             self._apply(parsed, updated)
         except (OptionError, OSError) as exc:
-            self._fail(str(exc) if isinstance(exc, OptionError) else f"polar_flows: {exc}")
+            self._fail(str(exc) if isinstance(exc, (OptionError, TokenFileError)) else f"polar_flows: {exc}")
         else:
             if self.failure is not None:
                 log.info("polar gateway: options valid again, serving")
@@ -159,6 +164,8 @@ class PolarGateway:
                 log.warning("polar gateway: %s (the CA key must stay private)", change)
 
     def _apply(self, o: GatewayOptions, updated: set[str]) -> None:
+        self._load_control_token(o)  # first: TokenFileError leaves nothing half applied
+        self.control.hold_timeout = o.hold_timeout
         if o.exact:
             if self.exact is None or self.options is None or o.exact_cache_bytes != self.options.exact_cache_bytes:
                 self.exact = ExactMode(TurnCache(max_bytes=o.exact_cache_bytes))
@@ -176,6 +183,7 @@ class PolarGateway:
             max_body_bytes=o.max_body_bytes, connect_timeout=o.connect_timeout,
             first_byte_timeout=o.first_byte_timeout, idle_timeout=o.idle_timeout, logprobs_mode=o.logprobs_mode,
             thinking_kwarg=o.thinking_kwarg, sampling_override=o.sampling_override, exact=self.exact,
+            control=self.control,
         )
         if self.backend is None or old is None or (o.upstream, o.model, o.backend, o.upstream_api_key,
                                                    o.connect_timeout) != (old.upstream, old.model, old.backend,
@@ -183,9 +191,28 @@ class PolarGateway:
             self._replace_backend(o)
         self.options = o
 
+    def _load_control_token(self, o: GatewayOptions) -> None:
+        """The control token, read (or created 0600) once per path. The default lives in mitmproxy's confdir, made
+        0700 here when it does not exist yet (mitmproxy would create it 0755 later)."""
+        if o.control_token is not None:
+            path = os.path.abspath(os.path.expanduser(o.control_token))
+        else:
+            confdir = os.path.expanduser(getattr(ctx.options, "confdir", "~/.mitmproxy"))
+            path = os.path.abspath(os.path.join(confdir, "control-token"))
+            if not os.path.isdir(confdir):
+                try:
+                    os.makedirs(confdir, mode=0o700, exist_ok=True)
+                except OSError as exc:
+                    raise TokenFileError(f"polar_control_token: cannot create {confdir}: {exc}") from None
+        if path != self.control_token_path or self.control_server.token is None:
+            token = ensure_token(path)
+            self.control_server.token = token.encode()
+            self.control_token_path = path
+
     def _replace_backend(self, o: GatewayOptions) -> None:
         old = self.backend
         self.backend = Backend(o.upstream, o.model, o.backend, o.upstream_api_key, o.connect_timeout)
+        self.backend.on_weight_version = self.control.adopt_backend_version
         # The streamed chat call goes through a lean HTTP/1.1 client on plain-http backends (httpx costs ~10x
         # its CPU per streamed call, BENCHMARKS.md); /models, /version and /tokenize stay on httpx.
         if self.backend.base_url.startswith("http://"):
@@ -200,11 +227,16 @@ class PolarGateway:
     async def running(self) -> None:
         if self._loopback_forced:
             self._rebind_loopback()
-        port = await self.endpoint.start()
-        log.info("polar gateway endpoint on 127.0.0.1:%d, upstream %s, flows %s", port,
-                 ctx.options.polar_upstream, os.path.abspath(ctx.options.polar_flows))
+        # The control port is bound before anything yields, so a proxy that answers ready has its control_url; both
+        # servers then start side by side (each start yields to the loop once).
+        control_port = self.control_server.bind()
+        port, _ = await asyncio.gather(self.endpoint.start(), self.control_server.start())
+        log.info("polar gateway endpoint on 127.0.0.1:%d, control on 127.0.0.1:%d, upstream %s, flows %s", port,
+                 control_port, ctx.options.polar_upstream, os.path.abspath(ctx.options.polar_flows))
 
     async def done(self) -> None:
+        await self.control_server.stop()
+        self.control.close()  # held calls go on (and end) rather than wait for a release that cannot come
         await self.endpoint.stop()
         if self.backend is not None:
             await _close_backend(self.backend)
@@ -391,7 +423,9 @@ class PolarGateway:
         o = self.options
         info.update(other_hosts="refuse" if self._refuses_others() else "tunnel",
                     exact=bool(o.exact) if o is not None else False, version=_package_version(),
-                    tls_failures=dict(self.tls_failures), refused=self.refused)
+                    tls_failures=dict(self.tls_failures), refused=self.refused,
+                    control_url=self.control_server.url, control_token=self.control_token_path,
+                    held=self.control.held, weight_version=self.control.weight_version)
         flow.response = http.Response.make(200 if ready else 503, orjson.dumps(info),
                                            {"content-type": "application/json"})
 

@@ -63,6 +63,8 @@ class GatewayOptions:
     exact_cache_bytes: int
     divert: bool
     other_hosts: str = "tunnel"
+    control_token: str | None = None  # None: <confdir>/control-token
+    hold_timeout: float = 120.0
 
 
 # Numbers are str options: mitmproxy's --set cannot parse float options (NotImplementedError at startup).
@@ -110,6 +112,13 @@ OPTIONS: tuple[Option, ...] = (
            "Traffic that is not a provider's: tunnel (relayed raw, undecrypted) or refuse (every CONNECT to a host "
            "outside polar_hosts and every plain-HTTP request but the readiness probe gets 403; sandboxed rollouts).",
            "tunnel or refuse"),
+    Option("polar_control_token", Optional[str], None,
+           "File holding the token the control endpoints require (x-polar-control-token); created 0600 when absent. "
+           "Unset: <confdir>/control-token.",
+           "a file path, or unset for <confdir>/control-token"),
+    Option("polar_hold_timeout", str, "120",
+           "A hold of generation (POST /admin/hold) ends by itself after this many seconds without a release.",
+           "a positive number of seconds"),
 )
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
@@ -205,6 +214,9 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
     if not isinstance(v["polar_divert"], bool):
         raise OptionError("polar_divert", BY_NAME["polar_divert"].expects, v["polar_divert"])
     other_hosts = _choice("polar_other_hosts", v["polar_other_hosts"], ("tunnel", "refuse"))
+    control_token = _name("polar_control_token", v["polar_control_token"],
+                          lambda s: bool(s.strip()) and s.isprintable() and s == s.strip())
+    hold_timeout = _number("polar_hold_timeout", v["polar_hold_timeout"])
     return GatewayOptions(
         upstream=upstream, flows=flows, model=model, hosts=hosts, backend=backend, upstream_api_key=api_key,
         connect_timeout=numbers["polar_connect_timeout"], first_byte_timeout=numbers["polar_first_byte_timeout"],
@@ -213,7 +225,7 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
         rotate_mb=numbers["polar_rotate_mb"], min_free_mb=numbers["polar_min_free_mb"],
         logprobs_mode=logprobs_mode, thinking_kwarg=thinking_kwarg, sampling_override=override,
         exact=v["polar_exact"], exact_cache_bytes=int(cache_mb * 1024 * 1024), divert=v["polar_divert"],
-        other_hosts=other_hosts,
+        other_hosts=other_hosts, control_token=control_token, hold_timeout=hold_timeout,
     )
 
 

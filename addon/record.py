@@ -52,6 +52,9 @@ FIELDS = (
     "exact", "prompt_ref", "prompt_tail_ids",
     # DESIGN §5: tool_choice required/named or a JSON-schema response format (`is_constrained`); nil in older records
     "constrained",
+    # DESIGN §10: the policy version current when the request was sent to the backend (the gateway's control state:
+    # vLLM's /weight_info at start, then every release); nil when unknown and in older records
+    "weight_version",
 )
 
 # Headers whose values never reach disk or the backend.
@@ -173,7 +176,7 @@ def new_record(**values) -> dict:
 def validate(record: dict) -> None:
     """The invariants a writer keeps; ValueError names the first one broken: only known fields; token arrays are
     int32/float32 blobs; one logprob per sampled token (`completion_logprobs` is nil or exactly as long as
-    `completion_token_ids`); an error's stage is one of ERROR_STAGES."""
+    `completion_token_ids`); an error's stage is one of ERROR_STAGES; `weight_version` is a string or nil."""
     unknown = set(record) - set(FIELDS)
     if unknown:
         raise ValueError(f"not record fields: {sorted(unknown)}")
@@ -184,6 +187,8 @@ def validate(record: dict) -> None:
     logprobs, completion = record.get("completion_logprobs"), record.get("completion_token_ids")
     if logprobs is not None and (completion is None or len(logprobs) != len(completion)):
         raise ValueError("completion_logprobs must hold one logprob per completion token")
+    if not isinstance(record.get("weight_version"), (str, type(None))):
+        raise ValueError("weight_version must be a string or nil")
     error = record.get("error")
     if error is not None and error.get("stage") not in ERROR_STAGES:
         raise ValueError(f"error stage {error.get('stage')!r} is not one of {ERROR_STAGES}")

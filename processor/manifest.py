@@ -295,7 +295,10 @@ def sequences_from_frame(df: pl.DataFrame) -> list[TrainingSequence]:
             sequence_id=r["sequence_id"], chain_id=r["chain_id"], session=r["session"], mode=r["mode"],
             input_ids=ids[i], loss_mask=mask[i], logprobs=lps[i], call_ids=r["call_ids"], prompt_len=r["prompt_len"],
             flags=r["flags"], break_cause=r["break_cause"], model=r["model"], t_first=float("nan"),
-            side_chain="side_chain" in r["flags"], group=r["group"], reward=r["reward"], advantage=r["advantage"]))
+            side_chain="side_chain" in r["flags"], group=r["group"], reward=r["reward"], advantage=r["advantage"],
+            # An OUT written before these columns existed has none: empty lists (--overwrite rebuilds them).
+            weight_versions=r.get("weight_versions") or [],
+            call_spans=[(x["call_id"], x["start"], x["end"]) for x in r.get("call_spans") or []]))
     return out
 
 

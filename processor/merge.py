@@ -18,7 +18,7 @@ import numpy as np
 from polar.processor.normalize import Call
 
 FLAGS = ("context_mismatch", "missing_logprobs", "truncated_turn", "aborted_turn", "side_chain", "superseded",
-         "constrained_decoding", "oversize")
+         "constrained_decoding", "oversize", "mixed_weight_versions")
 
 # Break causes. prefix_diverged / no_eot_in_tail / context_mismatch come from the rules; model_changed is ours:
 # one sequence is sampled by one model, so consecutive members served by different models start a new sequence.
@@ -180,6 +180,8 @@ class TrainingSequence:
     group: str | None = None
     reward: float | None = None
     advantage: float | None = None
+    weight_versions: list[str] = field(default_factory=list)  # distinct, in call order; unknown versions left out
+    call_spans: list[tuple[str, int, int]] = field(default_factory=list)  # (call_id, start, end): its completion
 
     @property
     def n_tokens(self) -> int:
@@ -252,12 +254,17 @@ class _Builder:
             flags.add("missing_logprobs")
         if any(c.constrained for c in self.calls):
             flags.add("constrained_decoding")
+        # One sequence sampled by more than one policy version: its logprobs are not all from one π_old.
+        versions = list(dict.fromkeys(c.weight_version for c in self.calls if c.weight_version is not None))
+        if len(versions) > 1:
+            flags.add("mixed_weight_versions")
         first = self.calls[0]
         return TrainingSequence(
             sequence_id=first.id, chain_id=self.chain_id, session=session, mode=self.mode, input_ids=ids,
             loss_mask=mask, logprobs=lps, call_ids=[c.id for c in self.calls], prompt_len=len(first.prompt),
             flags=[f for f in FLAGS if f in flags], break_cause=self.break_cause, model=first.model,
-            t_first=first.t_start,
+            t_first=first.t_start, weight_versions=versions,
+            call_spans=[(c.id, start, start + len(c.completion)) for start, c in self.spans],
         )
 
 

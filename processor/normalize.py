@@ -39,6 +39,7 @@ class Call:
     assistant: dict | None
     protocol: str | None
     n_tools: int = 0  # tools the upstream request offered (rule 9's first tie-break)
+    weight_version: str | None = None  # the policy version that served the call (record field, DESIGN §10)
 
     @property
     def eligible(self) -> bool:
@@ -77,6 +78,26 @@ def _str_or_none(x: object) -> str | None:
 
 def _float_or_none(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def _trainer_columns(r: dict, body: dict) -> dict:
+    """The calls columns a trainer needs to judge a call's logprobs: the sampling values sent to the backend (the
+    record's `sampling` map is exactly what was sent; records without it fall back to the upstream body itself),
+    the logprobs mode the record reports for the backend, and the policy version that served the call. Unknown →
+    null, never a default: a trainer must not assume T=1 for a call whose temperature nobody recorded."""
+    sampling = r.get("sampling") if isinstance(r.get("sampling"), dict) else {}
+    backend = r.get("backend") if isinstance(r.get("backend"), dict) else {}
+
+    def sent(name: str) -> object:
+        return sampling[name] if sampling.get(name) is not None else body.get(name)
+
+    return {
+        "temperature": _float_or_none(sent("temperature")),
+        "top_p": _float_or_none(sent("top_p")),
+        "top_k": _int_or_none(sent("top_k")),
+        "logprobs_mode": _str_or_none(sampling.get("logprobs_mode")) or _str_or_none(backend.get("logprobs_mode")),
+        "weight_version": _str_or_none(r.get("weight_version")),
+    }
 
 
 def to_call(r: dict, source_file: str, source_offset: int) -> Call:
@@ -128,6 +149,7 @@ def to_call(r: dict, source_file: str, source_offset: int) -> Call:
         "finish_reason": _str_or_none(r.get("finish_reason")),
         "stop_reason": None if r.get("stop_reason") is None else str(r.get("stop_reason")),
         "error": orjson.dumps(error, default=str).decode() if error is not None else None,
+        **_trainer_columns(r, body),
         "messages": messages_json,
         "tools": tools_json,
         "assistant": orjson.dumps(assistant, default=str).decode() if assistant is not None else None,
@@ -140,4 +162,5 @@ def to_call(r: dict, source_file: str, source_offset: int) -> Call:
         prompt=prompt, completion=completion, logprobs=logprobs, prompt_bytes=prompt_b,
         constrained=_constrained(r, body), row=row, messages_json=messages_json, tools_json=tools_json,
         assistant=assistant, protocol=row["protocol"], n_tools=len(tools) if isinstance(tools, list) else 0,
+        weight_version=row["weight_version"],
     )

@@ -545,13 +545,35 @@ def render_html(report: dict, seq_lengths: list[int], viewer=None, verify: str |
 # ---------------------------------------------------------------------------------------------------- trainer
 
 def _read_verify(path: str) -> list[dict]:
-    """verify.json: a list of per-sequence rows, or {"sequences": [...]} (polar-verify's per-sequence gaps)."""
+    """verify.parquet (polar-verify: one row per sequence and weight version), or verify.json: a list of
+    per-sequence rows or {"sequences": [...]}."""
+    if path.endswith(".parquet"):
+        import polars as pl  # only when a verify.parquet is there
+
+        return pl.read_parquet(path).to_dicts()
     with open(path, "rb") as fh:
         doc = orjson.loads(fh.read())
     rows = doc.get("sequences") if isinstance(doc, dict) else doc
     if not isinstance(rows, list):
         raise ValueError("expected a list of sequences or {\"sequences\": [...]}")
     return [r for r in rows if isinstance(r, dict)]
+
+
+def file_sha256(path: str) -> str:
+    """The content hash polar-verify stamps on verify.parquet (`sequences_sha256`): sha256 of the file's bytes."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _stale(rows: list[dict], sequences_sha256: str | None) -> bool:
+    """verify rows that checked another sequences.parquet than the one the report is about."""
+    stamps = {r.get("sequences_sha256") for r in rows} - {None}
+    return sequences_sha256 is not None and bool(stamps) and stamps != {sequences_sha256}
 
 
 def _read_train(path: str) -> list[dict]:
@@ -607,9 +629,10 @@ def _train_section(rows: list[dict]) -> str:
     return f"<h2>Training steps</h2><p>{len(rows):,} steps (train.jsonl)</p>" + (curves or "<p>no numeric series</p>")
 
 
-def trainer_sections(verify: str | None, train: str | None) -> str:
-    """The trainer's seam: OUT/verify.json (per-sequence logprob gaps) and RUN/train.jsonl (one line per step),
-    rendered when the paths are given and exist; an unreadable file is said, not fatal."""
+def trainer_sections(verify: str | None, train: str | None, sequences_sha256: str | None = None) -> str:
+    """The trainer's seam: OUT/verify.parquet or verify.json (per-sequence logprob gaps) and RUN/train.jsonl (one
+    line per step), rendered when the paths are given and exist; an unreadable file is said, not fatal. Verify rows
+    stamped with another `sequences_sha256` than the given one are stale: their section is dropped."""
     out = []
     for path, read, render in ((verify, _read_verify, _verify_section), (train, _read_train, _train_section)):
         if not path or not os.path.isfile(path):
@@ -620,5 +643,30 @@ def trainer_sections(verify: str | None, train: str | None) -> str:
             out.append(f"<p class=\"notice\">{html.escape(os.path.basename(path))}: unreadable ({html.escape(str(exc))})"
                        "</p>")
             continue
-        out.append(render(rows))
+        if render is _verify_section and _stale(rows, sequences_sha256):
+            continue
+        out.append(f'<div id="{VERIFY_SECTION_ID}">{render(rows)}</div>{_VERIFY_END}' if render is _verify_section
+                   else render(rows))
     return "".join(out)
+
+
+VERIFY_SECTION_ID = "polar-verify"
+_VERIFY_END = "<!--/polar-verify-->"
+_OVERVIEW_OPEN = '<section id="view-overview" class="view">'
+
+
+def with_verify_section(page_html: str, section: str) -> str:
+    """report.html with its verify section replaced by `section` (trainer_sections' output; "" removes it), or
+    inserted where render_overview puts the trainer's sections (before Counts) when the page had none. Every value
+    in the overview is escaped, so neither marker can occur in it by accident."""
+    start = page_html.find(f'<div id="{VERIFY_SECTION_ID}">')
+    if start >= 0:
+        end = page_html.index(_VERIFY_END, start) + len(_VERIFY_END)
+        return page_html[:start] + section + page_html[end:]
+    open_at = page_html.find(_OVERVIEW_OPEN)
+    if open_at < 0:
+        raise ValueError("report.html has no overview section")
+    close = page_html.index("</section>", open_at)
+    at = page_html.find("<h2>Counts</h2>", open_at, close)
+    at = close if at < 0 else at
+    return page_html[:at] + section + page_html[at:]

@@ -55,7 +55,7 @@
   const bitsToNames = (bits, names) => names.filter((_, i) => bits & (1 << i));
   // Short labels for the list's flag chips (the full name is each chip's title and in the legend).
   const SHORT = {context_mismatch: "CM", missing_logprobs: "LP", truncated_turn: "TR", aborted_turn: "AB",
-    side_chain: "SC", superseded: "SU", constrained_decoding: "CD", oversize: "OV"};
+    side_chain: "SC", superseded: "SU", constrained_decoding: "CD", oversize: "OV", mixed_weight_versions: "WV"};
   const chips = (names) => names.length ? h("span", {class: "chips"}, ...names.map((f) =>
     h("span", {class: "chip chip-" + f, title: f}, SHORT[f] || f))) : "–";
 

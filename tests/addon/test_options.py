@@ -30,7 +30,9 @@ def test_1_1_the_defaults_parse():
     ("polar_first_byte_timeout", "0"), ("polar_idle_timeout", "-1"), ("polar_max_body_mb", "nan"),
     ("polar_rotate_mb", "inf"), ("polar_min_free_mb", "-1"), ("polar_logprobs_mode", "raw"),
     ("polar_thinking_kwarg", "enable thinking"), ("polar_sampling_override", "max_tokens=5"),
-    ("polar_exact", "yes"), ("polar_exact_cache_mb", "0"),
+    ("polar_exact", "yes"), ("polar_exact_cache_mb", "0"), ("polar_control_token", ""),
+    ("polar_control_token", " /tmp/t"), ("polar_control_token", "/tmp/a\nb"), ("polar_hold_timeout", "0"),
+    ("polar_hold_timeout", "soon"), ("polar_hold_timeout", "inf"),
 ])
 def test_1_2_a_bad_value_is_one_line_naming_the_option_and_what_it_expects(name, value):
     with pytest.raises(OptionError) as err:
@@ -44,6 +46,13 @@ def test_1_3_edge_values_that_are_fine():
     o = parse_options({**DEFAULTS, "polar_min_free_mb": "0", "polar_hosts": ["API.Anthropic.com.", "[::1]:8443"],
                        "polar_upstream": "https://h.example/v1/", "polar_thinking_kwarg": "enable_thinking"})
     assert o.min_free_mb == 0 and ("api.anthropic.com", 443) in o.hosts and ("::1", 8443) in o.hosts
+
+
+def test_1_4_the_control_options():
+    o = parse_options(DEFAULTS)
+    assert o.control_token is None and o.hold_timeout == 120.0  # None: <confdir>/control-token
+    o = parse_options({**DEFAULTS, "polar_control_token": "/run/polar/token", "polar_hold_timeout": "2.5"})
+    assert o.control_token == "/run/polar/token" and o.hold_timeout == 2.5
 
 
 def test_2_1_sampling_override():

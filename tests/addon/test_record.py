@@ -202,6 +202,14 @@ def test_5_1_new_record_and_validate():
             rec.validate(rec.new_record(**bad))
 
 
+def test_5_2_weight_version_is_a_string_or_nil():
+    assert rec.new_record()["weight_version"] is None
+    rec.validate(rec.new_record(weight_version="step-3"))
+    for bad in (3, 1.5, ["v1"], b"v1", True):
+        with pytest.raises(ValueError, match="weight_version"):
+            rec.validate(rec.new_record(weight_version=bad))
+
+
 @pytest.mark.parametrize("chat,constrained", [
     ({"tool_choice": "required", "tools": [{}]}, True), ({"tool_choice": {"type": "function"}, "tools": [{}]}, True),
     ({"tool_choice": "required"}, False), ({"tool_choice": "required", "tools": []}, False),

@@ -262,9 +262,11 @@ def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, r
     assert [r.path for r in upstream.requests if "probe" in r.path] == []
     assert [r.path for r in upstream.requests if any(p in r.path for p in BACKEND_ONLY)] == []
     chats = upstream.chat_requests
-    # the rest is the gateway's own metadata calls (model name, version, tokenizer), none carrying a probe's query
+    # the rest is the gateway's own metadata calls (model name, version, tokenizer, weight version), none carrying
+    # a probe's query
     assert {r.path for r in upstream.requests} <= {"/v1/chat/completions", "/v1/models", "/version", "/tokenize",
-                                                   "/v1/version", "/v1/tokenize"}, [r.path for r in upstream.requests]
+                                                   "/v1/version", "/v1/tokenize", "/weight_info"}, [
+        r.path for r in upstream.requests]
     assert len(chats) == 2, [r.path for r in upstream.requests]
     assert sorted(json.dumps(r.body["messages"]) for r in chats) == sorted(
         json.dumps([{"role": "user", "content": f"probe sample {k}"}]) for k in (0, 1))

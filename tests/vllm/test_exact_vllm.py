@@ -5,19 +5,27 @@ temperature 1.6 (`polar_sampling_override`), where re-rendered histories break t
 1.2  a three-turn session (forced tool call → tool result → free answer → follow-up): every follow-up takes the exact
      path, vLLM's prompt of turn N+1 starts with prompt N + the sampled ids, and polar-process merges the session
      into one sequence with 0 breaks and 0 context_mismatch, equal to the last real prompt + completion
+1.3  the proxy restarted between turns 2 and 3 (same flow directory): turn 3 is spliced from the turn cache rebuilt
+     from the flow files — vLLM's prompt is exactly `splice(prompt 2, sampled ids 2, canonical render 3)`, what the
+     proxy would have sent had it never restarted — and is not no_parent
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 
+import httpx
 import polars as pl
 import pytest
 
+from polar.addon import exact as ex
 from polar.addon import record as rec
+from polar.addon.backend import tokenize_request
 from polar.processor.cli import main as polar_process
-from tests.support.gateway import ROOT, relayed_gateway
+from tests.support.gateway import ROOT, relayed_gateway, start_gateway
+from tests.support.recording_relay import RecordingRelay
 from tests.support.sdk import openai_sdk
 from tests.support.vllm_server import shared_vllm
 
@@ -92,3 +100,45 @@ def test_1_2_three_turn_session_is_exact_and_merges_without_breaks(setup):
     if not edited:
         assert seqs.height == 1 and "context_mismatch" not in seqs["flags"][0].to_list()
         assert seqs["input_ids"][0].to_list() == truth[-1].prompt_token_ids + truth[-1].completion_ids
+
+
+def _turn(gw, msgs, **kwargs):
+    client = openai_sdk(gw, "exact-restart", api_key="sk", timeout=300)
+    return client.chat.completions.create(model="gpt-4o", messages=msgs, tools=[BASH], **kwargs).choices[0].message
+
+
+def test_1_3_a_restart_between_turns_keeps_turn_three_exact(tmp_path):
+    server = shared_vllm("tiny")
+    sets = ["polar_exact=true", "polar_sampling_override=temperature=1.6"]
+    flows = str(tmp_path / "flows")
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "List the files."}]
+    with RecordingRelay(server.root_url) as relay:
+        with start_gateway(relay.base_url, str(tmp_path / "run1"), flows, sets=sets) as gw:
+            calls = _turn(gw, msgs, tool_choice="required", max_tokens=200).tool_calls
+            assert calls
+            msgs.append({"role": "assistant", "content": None, "tool_calls": [
+                {"id": c.id, "type": "function", "function": {"name": c.function.name,
+                                                              "arguments": c.function.arguments}} for c in calls]})
+            msgs += [{"role": "tool", "tool_call_id": c.id, "content": "a.txt b.txt"} for c in calls]
+            answer = _turn(gw, msgs, tool_choice="none", max_tokens=24).content
+            eot = int(re.search(r"end-of-turn id (\d+)", gw.log_text()).group(1))
+        msgs += [{"role": "assistant", "content": answer or "(no answer)"}, {"role": "user", "content": "And now?"}]
+        since = relay.mark()
+        with start_gateway(relay.base_url, str(tmp_path / "run2"), flows, sets=sets) as gw:
+            _turn(gw, msgs, tool_choice="none", max_tokens=24)
+            assert "takes prompt token ids" in gw.log_text()
+        sent = [x for x in relay.chats(since) if (x.json() or {}).get("max_tokens") != 1][-1]
+    recs = [r for _, _, r in rec.iter_files(rec.expand_inputs([flows])) if r["session"] == "exact-restart"]
+    assert len(recs) == 3
+    third = recs[2]["exact"]
+    assert third["fallback_reason"] != "no_parent" and third["rebuild"]["turns"] == 2, third
+    if not answer:  # an empty answer had to be edited by the "agent": no parent, with or without a restart
+        assert third["fallback_reason"] == "history_edited"
+        return
+    assert third["path"] == "exact" and third["parent"] == recs[1]["id"], third
+    p2, c2 = _ids(recs[1]["prompt_token_ids"]), _ids(recs[1]["completion_token_ids"])
+    body = sent.json()
+    doc = httpx.post(server.root_url + "/tokenize", json=tokenize_request(body["model"], chat=body), trust_env=False,
+                     timeout=120)  # the canonical render, asked as the gateway asks it
+    expected = ex.splice(p2, c2, doc.json()["tokens"], eot).ids
+    assert sent.truth().prompt_token_ids == expected == _ids(recs[2]["prompt_token_ids"])

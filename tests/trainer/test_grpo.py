@@ -1,0 +1,163 @@
+"""polar.trainer.grpo (DESIGN §10): the reference GRPO step on real rollouts of the tiny model.
+
+Scenarios:
+1.1 on-policy: at the first micro-step every ratio is 1 within 1e-3 (fp32 serving, exact mode, T=1).
+1.2 per_request and prefix_merging batches of the same rollouts: equal trainable tokens, equal loss, gradient
+    cosine ≥ 0.9999 (token-sum normalisation; prefix_merging with --on-mismatch split, so a call whose context was
+    re-rendered keeps the context it was sampled in, as in per_request).
+1.3 one optimizer step changes the parameters; the metrics are filled.
+1.4 calls not sampled at T=1 are left out and counted.
+2.x token-sum normalisation and TIS against a hand computation on a tiny synthetic case.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from polar.trainer import grpo, loader
+from polar.trainer.loader import MicroBatches, Selection, SequenceTokens
+from polar.trainer.recompute import load_model, token_logprobs
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / ".cache" / "models" / "tiny"
+POLAR_PROCESS = ROOT / ".venv" / "bin" / "polar-process"
+BUDGET = 2048
+
+
+def _process(run: Path, out: Path, rewards: Path, *args: str) -> Path:
+    proc = subprocess.run([str(POLAR_PROCESS), str(run / "flows"), "-o", str(out), "--rewards", str(rewards),
+                           "--tokenizer", str(TINY), "-q", *args], capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out / "batches"
+
+
+@pytest.fixture(scope="module")
+def both_modes(exact_rollout, tmp_path_factory) -> dict[str, Path]:
+    """exact_rollout's flows re-processed in both modes with spread rewards (the task's own are often all equal,
+    which makes every advantage 0 and every gradient 0)."""
+    base = tmp_path_factory.mktemp("modes")
+    rewards = base / "rewards.jsonl"
+    lines = [json.loads(x) for x in (exact_rollout / "rewards.jsonl").read_text().splitlines() if x.strip()]
+    rewards.write_text("".join(json.dumps({**r, "reward": float(i % 3)}) + "\n" for i, r in enumerate(lines)))
+    return {"per_request": _process(exact_rollout, base / "per_request", rewards, "--mode", "per_request"),
+            "prefix_merging": _process(exact_rollout, base / "prefix_merging", rewards, "--on-mismatch", "split")}
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float(a @ b / (a.norm() * b.norm()))
+
+
+def test_1_1_the_first_micro_step_is_on_policy(both_modes):
+    batches = loader.micro_batches(str(both_modes["prefix_merging"]), BUDGET, "per_sequence")
+    assert batches.counts["tokens_trainable"] > 0, batches.notes
+    metrics, _ = grpo.policy_gradient(load_model(str(TINY)), batches)
+    assert metrics.first_ratio_max_dev < 1e-3
+    assert abs(metrics.ratio_mean - 1) < 1e-4 and metrics.ratio_max < 1 + 1e-3
+    assert metrics.clip_share == 0
+
+
+@pytest.mark.parametrize("leave_out_constrained", [True, False])
+def test_1_2_per_request_and_prefix_merging_give_the_same_gradient(both_modes, leave_out_constrained):
+    got = {}
+    for mode, batches_dir in both_modes.items():
+        batches = loader.micro_batches(str(batches_dir), BUDGET, "per_sequence",
+                                       leave_out_constrained=leave_out_constrained)
+        got[mode] = (batches.counts, *grpo.policy_gradient(load_model(str(TINY)), batches))
+    (c1, m1, g1), (c2, m2, g2) = got["per_request"], got["prefix_merging"]
+    assert c1["tokens_trainable"] == c2["tokens_trainable"] > 0
+    assert c1["rows"] >= c2["rows"]  # one row per call vs one per chain
+    assert g1.abs().sum() > 0
+    assert _cosine(g1, g2) >= 0.9999
+    assert m1.loss == pytest.approx(m2.loss, abs=1e-5)
+
+
+def test_1_3_one_step_changes_the_parameters(both_modes):
+    model = load_model(str(TINY))
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    config = grpo.GrpoConfig(lr=1e-3)
+    metrics = grpo.grpo_step(model, grpo.make_optimizer(model, config),
+                             loader.micro_batches(str(both_modes["prefix_merging"]), BUDGET, "packed"), config)
+    changed = [k for k, p in model.named_parameters() if not torch.equal(before[k], p.detach())]
+    assert len(changed) == len(before)
+    assert metrics.tokens_trainable > 0 and metrics.tokens_forward >= metrics.tokens_trainable
+    assert metrics.grad_norm > 0 and metrics.tokens_per_s > 0 and metrics.seconds > 0
+    assert set(metrics.as_dict()) >= {"loss", "ratio_mean", "ratio_max", "clip_share", "tis_share", "tokens_forward",
+                                      "tokens_trainable", "tokens_per_s"}
+
+
+def test_1_4_calls_not_sampled_at_t1_are_left_out_and_counted(both_modes, tmp_path):
+    out = tmp_path / "out"
+    shutil.copytree(both_modes["per_request"].parent, out)
+    calls = pl.read_parquet(out / "calls.parquet")
+    seqs = pl.read_parquet(str(out / "batches" / "*.parquet")).filter(pl.col("n_trainable") > 0)
+    hot = seqs["call_ids"][0][0]
+    calls = calls.with_columns(pl.when(pl.col("call_id") == hot).then(0.7).otherwise(1.0).alias("temperature"))
+    calls.write_parquet(out / "calls.parquet")
+    batches = loader.micro_batches(str(out / "batches"), BUDGET, "per_sequence", leave_out_constrained=False)
+    clean = loader.micro_batches(str(both_modes["per_request"]), BUDGET, "per_sequence", leave_out_constrained=False)
+    assert batches.counts["sampling_calls_left_out"] == 1
+    left = batches.counts["sampling_tokens_left_out"]
+    assert left == int(seqs["n_trainable"][0]) > 0
+    assert batches.counts["tokens_trainable"] == clean.counts["tokens_trainable"] - left
+    metrics, _ = grpo.policy_gradient(load_model(str(TINY)), batches)
+    assert metrics.left_out["sampling_calls_left_out"] == 1
+
+
+# ---------------------------------------------------------------------------------------------------- by hand
+
+def _synthetic(model) -> list[SequenceTokens]:
+    """Three sequences whose π_old is the model's own logprob moved by ±0.3 (so ratios leave the clip range)."""
+    rng = np.random.default_rng(7)
+    seqs = []
+    for k, (n, prompt, adv) in enumerate([(40, 10, 1.5), (25, 20, -0.5), (60, 5, 0.8)]):
+        ids = rng.integers(1, 3072, n)
+        with torch.no_grad():
+            lp = token_logprobs(model, torch.from_numpy(ids)[None])[0].numpy()
+        mask = (np.arange(n) >= prompt).astype(np.float32)
+        old = (lp + rng.choice([-0.3, 0.0, 0.3], n)).astype(np.float32) * mask
+        seqs.append(SequenceTokens(f"s{k}", ids, mask, old, adv))
+    return seqs
+
+
+@pytest.mark.parametrize("tis_cap", [None, 1.1])
+def test_2_1_token_sum_normalisation_matches_a_hand_computation(tis_cap):
+    model = load_model(str(TINY))
+    seqs = _synthetic(model)
+    batches = MicroBatches(Selection(seqs, {}, []), 64, "per_sequence")  # budget 64: three micro-batches
+    assert len(batches) == 3
+    config = grpo.GrpoConfig(clip=0.2, tis_cap=tis_cap)
+    metrics, grad = grpo.policy_gradient(model, batches, config)
+
+    model.zero_grad(set_to_none=True)
+    terms, per_batch, count, truncated = [], [], 0.0, 0
+    for s in seqs:  # each sequence alone, the formula written out
+        lp = token_logprobs(model, torch.from_numpy(s.input_ids)[None])[0]
+        mask, old = torch.from_numpy(s.loss_mask), torch.from_numpy(s.logprobs)
+        mask[0] = 0
+        r = torch.exp(lp - old)
+        t = -torch.minimum(r * s.advantage, torch.clamp(r, 0.8, 1.2) * s.advantage)
+        if tis_cap is not None:
+            w = torch.where(r.detach() > tis_cap, tis_cap / r.detach(), torch.ones_like(r))
+            truncated += int(((r.detach() > tis_cap) & (mask > 0)).sum())
+            t = t * w
+        terms.append((t * mask).sum())
+        per_batch.append(float((t * mask).sum().detach() / mask.sum()))
+        count += float(mask.sum())
+    hand = torch.stack(terms).sum() / count
+    hand.backward()
+    hand_grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad])
+
+    assert metrics.loss == pytest.approx(float(hand.detach()), abs=1e-6)
+    assert metrics.tokens_trainable == count
+    assert torch.allclose(grad, hand_grad, atol=1e-6, rtol=1e-4)
+    assert metrics.loss != pytest.approx(float(np.mean(per_batch)), abs=1e-3)  # not a mean of micro-batch means
+    assert 0 < metrics.clip_share < 1
+    assert metrics.tis_share == pytest.approx(truncated / count) and (tis_cap is None) == (truncated == 0)

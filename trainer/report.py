@@ -1,0 +1,115 @@
+"""RUN/report.html of polar-train: the loop's curves, one chart per quantity of train.jsonl, drawn as inline SVG
+(no script, no network: the page opens from disk). Rewritten atomically after every step. Standard library only."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from pathlib import Path
+
+# (title, [(train.jsonl field, legend)]) — one chart each
+CHARTS = (
+    ("mean reward per step", [("reward_mean", "all samples")]),
+    ("GRPO loss", [("loss", "loss")]),
+    ("importance ratio π/π_old", [("ratio_mean", "mean"), ("ratio_max", "max")]),
+    ("clipped / truncated share of tokens", [("clip_share", "clipped"), ("tis_share", "truncated (TIS)")]),
+    ("verify: median |logprob gap| (nats)", [("verify_median_abs_gap", "median |gap|")]),
+    ("verify: share of tokens within tolerance", [("verify_share_within", "share within")]),
+)
+COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
+W, H, PAD = 420, 220, 42
+
+
+def _points(lines: list[dict], key: str) -> list[tuple[int, float]]:
+    return [(ln["step"], float(ln[key])) for ln in lines if isinstance(ln.get(key), (int, float))]
+
+
+def _chart(title: str, series: list[tuple[str, list[tuple[int, float]]]]) -> str:
+    pts = [p for _, s in series for p in s]
+    if not pts:
+        return f'<figure><figcaption>{html.escape(title)}</figcaption><p class="none">no value yet</p></figure>'
+    xs, ys = [x for x, _ in pts], [y for _, y in pts]
+    x0, x1 = min(xs), max(max(xs), min(xs) + 1)
+    y0, y1 = min(ys), max(ys)
+    if y1 - y0 < 1e-12:
+        y0, y1 = y0 - 0.5 * (abs(y0) or 1), y1 + 0.5 * (abs(y1) or 1)
+
+    def sx(x: float) -> float:
+        return PAD + (x - x0) / (x1 - x0) * (W - 2 * PAD)
+
+    def sy(y: float) -> float:
+        return H - PAD + (y - y0) / (y1 - y0) * (2 * PAD - H)
+
+    parts = [f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" class="axis"/>',
+             f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" class="axis"/>',
+             f'<text x="{PAD - 4}" y="{sy(y1) + 4:.1f}" class="tick" text-anchor="end">{y1:.4g}</text>',
+             f'<text x="{PAD - 4}" y="{sy(y0) + 4:.1f}" class="tick" text-anchor="end">{y0:.4g}</text>']
+    for x in sorted(set(xs)):
+        parts.append(f'<text x="{sx(x):.1f}" y="{H - PAD + 16}" class="tick" text-anchor="middle">{x}</text>')
+    legend = []
+    for i, (name, s) in enumerate(series):
+        color = COLORS[i % len(COLORS)]
+        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
+        parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
+        parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"><title>step {x}: {y:.6g}'
+                  f'</title></circle>' for x, y in s]
+        legend.append(f'<span style="color:{color}">■</span> {html.escape(name)}')
+    return (f'<figure><figcaption>{html.escape(title)}</figcaption><svg viewBox="0 0 {W} {H}" width="{W}" '
+            f'height="{H}" role="img">{"".join(parts)}</svg><div class="legend">{" ".join(legend)}</div></figure>')
+
+
+def _group_chart(lines: list[dict]) -> str:
+    groups = sorted({g for ln in lines for g in (ln.get("reward_mean_per_group") or {})})
+    series = [(g.split("/")[-1] or g, [(ln["step"], float(ln["reward_mean_per_group"][g])) for ln in lines
+                                       if g in (ln.get("reward_mean_per_group") or {})]) for g in groups]
+    return _chart("mean reward per step, per task", series)
+
+
+def _table(lines: list[dict]) -> str:
+    head = ("step", "weights", "samples", "reward", "loss", "ratio mean", "ratio max", "verify median", "trainable",
+            "seconds")
+    rows = []
+    for ln in lines:
+        secs = ", ".join(f"{k} {v:.1f}" for k, v in (ln.get("seconds") or {}).items())
+        cells = (ln["step"], ln.get("weight_version") or "–", ln.get("samples"), ln.get("reward_mean"),
+                 ln.get("loss"), ln.get("ratio_mean"), ln.get("ratio_max"), ln.get("verify_median_abs_gap"),
+                 ln.get("tokens_trainable"), secs)
+        rows.append("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in cells) + "</tr>")
+    return ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
+            + "".join(rows) + "</tbody></table>")
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return str(value)
+
+
+def render(run: Path, lines: list[dict]) -> str:
+    plan = {}
+    if (run / "train.json").is_file():
+        plan = json.loads((run / "train.json").read_text())
+    charts = [_chart(title, [(name, _points(lines, key)) for key, name in series]) for title, series in CHARTS]
+    charts.insert(1, _group_chart(lines))
+    style = ("body{font:14px system-ui,sans-serif;margin:24px;color:#222}figure{display:inline-block;margin:8px;"
+             "vertical-align:top}figcaption{font-weight:600;margin-bottom:4px}.axis{stroke:#888}.tick{font-size:10px;"
+             "fill:#555}.legend{font-size:12px}table{border-collapse:collapse;margin-top:16px}td,th{border:1px solid"
+             " #ccc;padding:3px 6px;font-size:12px;text-align:right}.none{color:#888}")
+    title = f"polar-train — {run.name}"
+    what = (f"{html.escape(str(plan.get('agent')))} on {len(plan.get('tasks') or [])} task(s), K="
+            f"{plan.get('samples')}, lr {plan.get('lr')}, clip {plan.get('clip')}, {plan.get('dtype')}; "
+            f"{len(lines)} of {plan.get('steps')} step(s) done") if plan else f"{len(lines)} step(s)"
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}"
+            f"</style></head><body><h1>{html.escape(title)}</h1><p>{what}</p>{''.join(charts)}{_table(lines)}"
+            "</body></html>\n")
+
+
+def write_report(run: Path, lines: list[dict]) -> Path:
+    path = run / "report.html"
+    tmp = path.with_name(f"report.html.tmp-{os.getpid()}")
+    tmp.write_text(render(run, lines), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
