@@ -284,7 +284,8 @@ class Call:
     async def _send(self, info: BackendInfo, shaped: Shaped) -> int:
         reader = StreamReader(keep_logprob_entries=self.plan.agent_top_logprobs is not None,
                               forced_tool_choice=shaped.body.get("tool_choice"),
-                              call_id_prefix=f"call_{self.p.record_id.replace('-', '')[-12:]}")
+                              call_id_prefix=f"call_{self.p.record_id.replace('-', '')[-12:]}",
+                              deltas=self.plan.stream)  # a JSON answer is built from the totals alone
         self.rec.take_stream(reader)
         client = self.backend.stream_client or self.backend.client
         # polar_first_byte_timeout bounds everything up to the first chunk, response headers included (a backend
@@ -318,6 +319,7 @@ class Call:
     async def _relay(self, chunks, reader: StreamReader, info: BackendInfo, deadline: float) -> int:
         stream = self.plan.stream
         first = True
+        sent_head = True  # until the first chunk: nothing to send
         while not reader.done:
             try:
                 # A backend that stalls mid-stream must not hold the agent forever: the idle gap is bounded too.
@@ -334,14 +336,16 @@ class Call:
                     await self.responder.start(200, [("content-type", self.codec.stream_content_type(self.route)),
                                                      ("cache-control", "no-cache")])
                     self.rec.set(t_first_byte=time.time())
+                    sent_head = False
                     pending.extend(self.encoder.start())
             if stream:
-                # Everything one backend read produced leaves in one write: as live as the backend, fewer segments
-                # for mitmproxy to relay.
+                # Everything one backend read produced leaves in one write (the head too, after the first chunk):
+                # as live as the backend, fewer segments for mitmproxy to relay.
                 for d in deltas:
                     pending.extend(self.encoder.delta(d))
-                if pending:
+                if pending or not sent_head:
                     await self.responder.send(b"".join(pending))
+                    sent_head = True
         if reader.finish_reason is None:
             raise GatewayError("unavailable", "backend stream ended before a finish reason")
         if self.encoder is None:
@@ -378,9 +382,7 @@ class Call:
         if not self.plan.stream:
             await self.responder.respond(200, _json_headers(self.codec), last)
             return 200
-        if last:
-            await self.responder.send(last)
-        await self.responder.end()
+        await self.responder.end(last)  # the closing events and the end of the body: one write
         return 200
 
     async def _refuse(self, stage: str, err: GatewayError, status_hint: int | None = None) -> None:
@@ -419,9 +421,7 @@ class Call:
                 # The encoder has already ended its stream (e.g. the record failed after finish()): cut the
                 # connection rather than end a body that would read as a complete answer.
                 self.responder.abort()
-            for piece in pieces:
-                await self.responder.send(piece)
-            await self.responder.end()
+            await self.responder.end(*pieces)
         except ClientGone:
             pass
         return self.responder.status

@@ -61,6 +61,11 @@ class Request:
 class Responder:
     """Writes one HTTP response: start() headers, send() body pieces, end().
 
+    The head that start() builds leaves with the first send() or end(), in one write with that body piece: each
+    write is one segment mitmproxy reads, relays and encrypts, so a streamed answer costs one relay fewer, and the
+    bytes the agent gets are the same. The caller sends right after start() (call.py's relay does), so the head is
+    not delayed.
+
     close: the connection ends after this response (`Connection: close` is sent), e.g. after a body that was not
     read to its end."""
 
@@ -71,6 +76,7 @@ class Responder:
         self.started = False
         self.status: int | None = None
         self.finished = False
+        self._head = b""  # start()'s bytes, not written yet
 
     def _headers(self, headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
         hdrs = [(k.encode(), v.encode()) for k, v in headers]
@@ -78,8 +84,9 @@ class Responder:
             hdrs.append((b"connection", b"close"))
         return hdrs
 
-    async def _write(self, event) -> None:
-        data = self._conn.send(event)
+    async def _put(self, data: bytes) -> None:
+        if self._head:
+            data, self._head = self._head + data, b""
         if data:
             if self._writer.is_closing():
                 raise ClientGone("connection closed")
@@ -95,22 +102,31 @@ class Responder:
             hdrs.append((b"content-length", str(length).encode()))
         else:
             hdrs.append((b"transfer-encoding", b"chunked"))
+        if self._writer.is_closing():  # an agent already gone is noticed here, as when the head was written here
+            raise ClientGone("connection closed")
+        self._head = self._conn.send(h11.Response(status_code=status, headers=hdrs)) or b""
         self.started = True
         self.status = status
-        await self._write(h11.Response(status_code=status, headers=hdrs))
 
     async def send(self, data: bytes) -> None:
-        if data:
-            await self._write(h11.Data(data=data))
+        """A body piece (with the head, if start()'s is still here; b"" then sends the head alone)."""
+        await self._put(self._conn.send(h11.Data(data=data)) or b"" if data else b"")
 
-    async def end(self) -> None:
+    async def end(self, *pieces: bytes) -> None:
+        """The last body pieces (each framed as send() frames it) and the end of the body, in one write."""
         if not self.finished:
             self.finished = True
-            await self._write(h11.EndOfMessage())
+            conn = self._conn
+            last = [conn.send(h11.Data(data=piece)) or b"" for piece in pieces if piece]
+            last.append(conn.send(h11.EndOfMessage()) or b"")
+            await self._put(b"".join(last))
 
     def abort(self) -> None:
         """Close the connection without ending the body: the client sees a cut stream, never a complete answer."""
         self.finished = True
+        if self._head and not self._writer.is_closing():
+            self._writer.write(self._head)  # close() still sends what is buffered: the head, then the cut
+        self._head = b""
         self._writer.close()
 
     async def respond(self, status: int, headers: list[tuple[str, str]], body: bytes) -> None:

@@ -178,7 +178,7 @@ class _StreamResponse:
                     yield data
                 self._complete = True
                 return
-            buf = bytearray()
+            buf = b""  # undecoded bytes from the start of a size line or of chunk data
             left = 0  # data bytes left in the current chunk
             skip = 0  # CRLF bytes left after the current chunk's data
             while True:
@@ -186,50 +186,57 @@ class _StreamResponse:
                 if not data:
                     raise httpx.RemoteProtocolError(
                         "peer closed connection without sending complete message body: incomplete chunked read")
-                buf += data
+                # Offsets into one buffer per read, no bytearray edits: a read usually holds many small chunks.
+                buf = buf + data if buf else data
                 out = []
-                while buf:
+                pos, n = 0, len(buf)
+                while pos < n:
                     if left:
-                        take = min(left, len(buf))
-                        out.append(bytes(buf[:take]))
-                        del buf[:take]
+                        take = min(left, n - pos)
+                        out.append(buf[pos:pos + take])
+                        pos += take
                         left -= take
                         continue
                     if skip:
-                        take = min(skip, len(buf))
-                        del buf[:take]
+                        take = min(skip, n - pos)
+                        pos += take
                         skip -= take
                         continue
-                    end = buf.find(b"\r\n")
+                    end = buf.find(b"\r\n", pos)
                     if end < 0:
-                        if len(buf) > 4096:
+                        if n - pos > 4096:
                             raise httpx.RemoteProtocolError("bad chunk size line from the backend")
                         break
                     try:
-                        size = int(bytes(buf[:end]).split(b";", 1)[0].strip(), 16)
+                        size = int(buf[pos:end].split(b";", 1)[0].strip(), 16)
                     except ValueError:
                         raise httpx.RemoteProtocolError("bad chunk size line from the backend") from None
                     if size == 0:
-                        # Last chunk: then the blank line, after optional trailer lines.
-                        rest = bytes(buf[end + 2:])
-                        while not (rest.startswith(b"\r\n") or b"\r\n\r\n" in rest):
-                            more = await reader.read(4096)
-                            if not more:
-                                raise httpx.RemoteProtocolError("peer closed connection inside the last chunk")
-                            rest += more
-                        stop = 2 if rest.startswith(b"\r\n") else rest.index(b"\r\n\r\n") + 4
-                        if len(rest) > stop:
-                            self._close = True  # bytes after the response: never reuse this connection
+                        await self._last_chunk(buf[end + 2:])
                         if out:
                             yield b"".join(out)
                         self._complete = True
                         return
-                    del buf[:end + 2]
+                    pos = end + 2
                     left, skip = size, 2
+                buf = buf[pos:]
                 if out:
                     yield b"".join(out)
         except OSError as exc:
             raise httpx.ReadError(f"backend connection broke: {exc!r}") from exc
+
+    async def _last_chunk(self, rest: bytes) -> None:
+        """After the zero-size chunk's line: read to the blank line that ends the body (after optional trailer
+        lines); bytes after the response mean this connection is never reused."""
+        reader = self._reader
+        while not (rest.startswith(b"\r\n") or b"\r\n\r\n" in rest):
+            more = await reader.read(4096)
+            if not more:
+                raise httpx.RemoteProtocolError("peer closed connection inside the last chunk")
+            rest += more
+        stop = 2 if rest.startswith(b"\r\n") else rest.index(b"\r\n\r\n") + 4
+        if len(rest) > stop:
+            self._close = True
 
     async def aread(self) -> bytes:
         return b"".join([piece async for piece in self.aiter_raw()])

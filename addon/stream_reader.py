@@ -19,8 +19,10 @@ class StreamReader:
     parser runs the tool parser only after reasoning ended), so for a forced call the content is held back; if no
     tool-call delta came, the held JSON becomes the tool calls at the finish chunk, else it is released as text."""
 
-    def __init__(self, keep_logprob_entries: bool, forced_tool_choice=None, call_id_prefix: str = "call"):
+    def __init__(self, keep_logprob_entries: bool, forced_tool_choice=None, call_id_prefix: str = "call",
+                 deltas: bool = True):
         self.keep_logprob_entries = keep_logprob_entries
+        self.deltas = deltas  # False: the caller only wants the totals (a JSON answer), feed() returns no Deltas
         self.forced = forced_tool_choice if (forced_tool_choice == "required"
                                              or isinstance(forced_tool_choice, dict)) else None
         self.call_id_prefix = call_id_prefix
@@ -50,14 +52,14 @@ class StreamReader:
             self._buf += data
             return []
         # One split per read (not one copy of the rest of the buffer per line): a read may hold a whole stream.
-        lines = (self._buf + data).split(b"\n")
+        lines = (self._buf + data).split(b"\n") if self._buf else data.split(b"\n")
         self._buf = lines.pop()
         out: list[Delta] = []
         for line in lines:
-            line = line.rstrip(b"\r")
-            if not line or line.startswith(b":") or line.startswith(b"event:"):
-                continue
-            if not line.startswith(b"data:"):
+            if not line.startswith(b"data:"):  # the common case first: every event is one data line
+                line = line.rstrip(b"\r")
+                if not line or line.startswith(b":") or line.startswith(b"event:"):
+                    continue
                 raise GatewayError("unavailable", f"backend sent a line that is not SSE: {line[:200]!r}")
             payload = line[5:].strip()
             if payload == b"[DONE]":
@@ -80,7 +82,7 @@ class StreamReader:
             raise GatewayError("unavailable", f"backend stream error: {err.get('message', err)}")
         self.chunks += 1
         self._chunk_facts(chunk)
-        choices = chunk.get("choices") or []
+        choices = chunk.get("choices")
         if not choices:
             return None
         choice = choices[0]
@@ -88,7 +90,7 @@ class StreamReader:
         delta = choice.get("delta") or {}
         text = delta.get("content") or ""
         reasoning = delta.get("reasoning") or delta.get("reasoning_content") or ""
-        calls = self._tool_call_deltas(delta)
+        calls = self._tool_call_deltas(delta) if "tool_calls" in delta else []
         finish = choice.get("finish_reason")
         if self.forced is not None and not self.tool_calls and not calls:
             if text:
@@ -105,14 +107,14 @@ class StreamReader:
             self.reasoning.append(reasoning)
         if finish:
             self._finished(choice, finish)
-        if not (text or reasoning or calls or finish or entries):
+        if not self.deltas or not (text or reasoning or calls or finish or entries):
             return None
         return Delta(text=text, reasoning=reasoning, tool_calls=tuple(calls), finish_reason=finish,
                      logprobs=tuple(entries) if self.keep_logprob_entries else ())
 
     def _chunk_facts(self, chunk: dict) -> None:
         """What a chunk says outside its choices: prompt ids (vLLM's first chunk), model, usage, SGLang's ids."""
-        if chunk.get("prompt_token_ids") is not None and self.prompt_token_ids is None:
+        if self.prompt_token_ids is None and chunk.get("prompt_token_ids") is not None:
             self.prompt_token_ids = list(chunk["prompt_token_ids"])
         if chunk.get("system_fingerprint"):
             self.system_fingerprint = chunk["system_fingerprint"]
@@ -129,7 +131,7 @@ class StreamReader:
 
     def _token_data(self, choice: dict) -> list[dict]:
         """The choice's sampled ids and their logprobs (one per id, else `missing_logprobs`); returns the entries."""
-        if choice.get("prompt_token_ids") is not None and self.prompt_token_ids is None:
+        if self.prompt_token_ids is None and choice.get("prompt_token_ids") is not None:
             self.prompt_token_ids = list(choice["prompt_token_ids"])
         ids = choice.get("token_ids")
         if ids is not None:
@@ -140,7 +142,9 @@ class StreamReader:
         if entries:
             if self.logprobs is None:
                 self.logprobs = []
-            self.logprobs.extend(float(e.get("logprob", 0.0)) for e in entries)
+            logprobs = self.logprobs
+            for e in entries:  # a loop, not a generator: usually one entry per chunk
+                logprobs.append(float(e.get("logprob", 0.0)))
             if self.keep_logprob_entries:
                 self.logprob_entries.extend(entries)
         elif ids:

@@ -14,6 +14,11 @@ connection to the socket, sets HTTPS_PROXY/https_proxy to it, signals "ready" on
 that never started — an infrastructure failure — from an agent that failed), then runs the agent as its child and
 exits with the agent's status (128+N for signal N), reaping orphans (it may be pid 1 in a container).
 
+Without a sandbox (`--die-with PID`, `--sandbox none`) nothing else would end the agent with the runner: the wrapper
+is a child subreaper (descendants that detach stay its own), asks for a signal when the runner dies (kill -9
+included), gives the agent PR_SET_PDEATHSIG SIGKILL in case the wrapper itself is killed, and kills every descendant
+left when the agent ends or the runner is gone.
+
 This file must stay importable and runnable on its own (it is copied into each sandbox's control directory).
 """
 
@@ -354,6 +359,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--socket", help="the host end's Unix socket; absent = no network path at all")
     ap.add_argument("--port", type=int, default=0, help="loopback port to listen on (0: any)")
     ap.add_argument("--drop", help="UID:GID to become when started as root")
+    ap.add_argument("--die-with", type=int, help="the runner's pid: the agent's whole tree dies with it (no sandbox)")
     ap.add_argument("argv", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     args.cmd = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
@@ -379,14 +385,85 @@ def _signal_ready(path: str) -> None:
         os.close(fd)
 
 
-def _run_agent(cmd: list[str], env: dict[str, str], before_wait) -> int:
+# ---------------------------------------------------------------------------------------------- dying with the runner
+
+PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+RUNNER_GONE = signal.SIGUSR2  # the wrapper's parent-death signal: a signal nobody else sends it
+
+
+def _prctl(option: int, value: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option})")
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live descendant of `root` (from /proc: pid → ppid)."""
+    parent: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    parent[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def kill_descendants() -> None:
+    """SIGKILL every descendant and reap it; again until none is left (one may fork while we look)."""
+    for _ in range(20):
+        kids = _descendants(os.getpid())
+        if not kids:
+            return
+        for pid in kids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        while True:
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+
+
+def die_with(parent: int) -> None:
+    """Tie this wrapper to the runner `parent` (see the module docstring). Exits if the runner is already gone."""
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+    def gone(_signum, _frame):
+        kill_descendants()
+        os._exit(128 + RUNNER_GONE)
+
+    signal.signal(RUNNER_GONE, gone)
+    _prctl(PR_SET_PDEATHSIG, RUNNER_GONE)
+    if os.getppid() != parent:  # it died before the request above took effect
+        gone(RUNNER_GONE, None)
+
+
+def _run_agent(cmd: list[str], env: dict[str, str], before_wait, tied: bool = False) -> int:
     """Fork and exec the agent, forward signals to it, reap every child (pid 1 in a container reaps orphans) and
-    return the agent's exit status (128+N for signal N)."""
+    return the agent's exit status (128+N for signal N). `tied`: the agent dies with this wrapper."""
+    wrapper = os.getpid()
     pid = os.fork()
     if pid == 0:
         try:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, RUNNER_GONE):
                 signal.signal(sig, signal.SIG_DFL)
+            if tied:
+                _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != wrapper:  # the wrapper is already gone
+                    os._exit(128 + signal.SIGKILL)
             os.execvpe(cmd[0], cmd, env)
         except OSError as e:
             os.write(2, f"polar sandbox: cannot run {cmd[0]!r}: {e.strerror}\n".encode())
@@ -417,6 +494,8 @@ def sandbox_main(argv: list[str]) -> int:
     if not args.cmd:
         print("polar sandbox: no command", file=sys.stderr)
         return 125
+    if args.die_with:
+        die_with(args.die_with)
     if args.drop and os.getuid() == 0:  # first: the files below belong to the sandbox's uid
         uid, gid = (int(x) for x in args.drop.split(":"))
         _drop_privileges(uid, gid)
@@ -431,7 +510,10 @@ def sandbox_main(argv: list[str]) -> int:
         if listener is not None:
             threading.Thread(target=_sandbox_accept, args=(listener, args.socket), daemon=True).start()
 
-    return _run_agent(args.cmd, env, start_relay)
+    code = _run_agent(args.cmd, env, start_relay, tied=bool(args.die_with))
+    if args.die_with:  # nothing the agent started outlives it (a sandbox's namespace would end them too)
+        kill_descendants()
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -441,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # relay threads die with us
-    print("usage: relay.py sandbox --env FILE [--ready FIFO] [--socket PATH --port P] [--drop UID:GID] -- CMD...",
+    print("usage: relay.py sandbox --env FILE [--ready FIFO] [--socket PATH --port P] [--drop UID:GID] "
+          "[--die-with PID] -- CMD...",
           file=sys.stderr)
     return 2
 

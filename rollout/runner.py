@@ -1124,6 +1124,10 @@ class Runner:
             self._check_identity()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._lock()
+        removed, killed = sb.sweep_stale_controls()
+        if removed:
+            print(f"polar-rollout: removed {removed} sandbox control dir(s) of dead runs"
+                  + (f", killed {killed} process(es) their agents left" if killed else ""), file=sys.stderr)
         if o.resume:
             self._clean_dead_attempt()
         else:

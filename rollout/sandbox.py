@@ -24,6 +24,12 @@ when writable — memory, and CPU quota — else `prlimit --as`. `SandboxResult.
 the whole sandbox (the bwrap process group, whose pid namespace dies with it; `docker kill`; every process left in
 the cgroup). `SandboxError` means the sandbox never started (infrastructure, never the agent's score): the wrapper
 writes to the ready FIFO before it runs the agent, so a run that ends without that line is the sandbox's failure.
+
+Dying with the runner: bwrap has --die-with-parent and its pid namespace; docker containers are labelled with the run
+(the runner removes them at --resume); `none` has neither, so its wrapper is tied to the runner (relay.die_with:
+a subreaper that kills the agent's whole tree when the runner dies, kill -9 included). Each control directory holds
+OWNER_FILE (the pid and start time of the process that made it); `sweep_stale_controls` removes those whose owner is
+gone, after killing whatever a `none` agent still left (found by SANDBOX_VAR in its environment).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import tarfile
 import tempfile
@@ -55,6 +62,9 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 DEFAULT_IMAGE = "polar-sandbox:1"
 RESERVED = (CONTROL, "/proc", "/dev", "/tmp")
+CONTROL_PREFIX = "polar-sbx-"
+OWNER_FILE = "owner.json"
+SANDBOX_VAR = "POLAR_SANDBOX_DIR"  # --sandbox none: the agent's control directory, in its environment
 _RELAY_SOURCE = Path(__file__).with_name("relay.py")
 
 
@@ -430,22 +440,42 @@ class _Cgroup:
 # ---------------------------------------------------------------------------------------------- control directory
 
 
+def _control_base() -> str:
+    base = tempfile.gettempdir()
+    return "/tmp" if len(base) > 60 else base  # the relay's socket path must stay under the 107-byte limit
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with the pid, it names one process (pids are reused)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return None if fields[0] == b"Z" else int(fields[19])  # a zombie is gone
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class _Control:
-    """The sample's private control directory on the host, bound read-only at /run/polar."""
+    """The sample's private control directory on the host, bound read-only at /run/polar. Its OWNER_FILE names the
+    process that made it (pid and start time), so `sweep_stale_controls` can tell a dead run's directory."""
 
     def __init__(self, spec: SandboxSpec, owner: tuple[int, int] | None):
-        base = tempfile.gettempdir()
-        if len(base) > 60:  # the relay's socket path must stay under the 107-byte limit
-            base = "/tmp"
-        self.dir = Path(tempfile.mkdtemp(prefix="polar-sbx-", dir=base))
+        self.dir = Path(tempfile.mkdtemp(prefix=CONTROL_PREFIX, dir=_control_base()))
         self.relay: HostRelay | None = None
         self.ready_fd: int | None = None
         try:
+            # first, written whole (rename): a directory without it is never swept (it may be a live one's, just made)
+            tmp = self.dir / f".{OWNER_FILE}.tmp"
+            tmp.write_text(json.dumps({"pid": os.getpid(), "start": _start_ticks(os.getpid()), "kind": spec.kind,
+                                       "session": spec.session, "created": time.time()}))
+            os.replace(tmp, self.dir / OWNER_FILE)
             # mkdtemp made it 0700: it opens (0755) only once every file in it has its owner and mode
             shutil.copyfile(_RELAY_SOURCE, self.dir / "relay.py")
             os.chmod(self.dir / "relay.py", 0o644)
             env = dict(spec.env)
             env["HOME"] = str(spec.home) if spec.kind == "none" else HOME
+            if spec.kind == "none":  # on the host, the sweep finds what a dead run's agent left by this variable
+                env[SANDBOX_VAR] = str(self.dir)
             env.setdefault("PATH", DEFAULT_PATH)
             payload = {"env": env, "proxy_user": proxy_user(spec.session) if spec.session else None}
             fd = os.open(self.dir / "env.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -487,6 +517,67 @@ class _Control:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def _owner_doc(d: Path) -> dict | None:
+    """The OWNER_FILE of a control directory this uid made, else None (not ours, not one, or not written yet)."""
+    try:
+        st = os.lstat(d)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+            return None
+        doc = json.loads((d / OWNER_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and isinstance(doc.get("pid"), int) else None
+
+
+def _kill_left_behind(ctl: str) -> int:
+    """SIGKILL what a dead run's `none` sandbox left: its wrapper (argv names ctl/relay.py) and every process whose
+    environment names the directory (SANDBOX_VAR: the agent and what it started, whatever its process group).
+    Returns how many."""
+    var, wrapper, n = f"{SANDBOX_VAR}={ctl}".encode(), f"{ctl}/relay.py".encode(), 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if wrapper in argv or var in env:
+            try:
+                os.kill(int(entry), signal.SIGKILL)
+                n += 1
+            except OSError:
+                pass
+    return n
+
+
+def sweep_stale_controls(bases: list[str] | None = None) -> tuple[int, int]:
+    """Remove the control directories whose owner process is gone (a runner killed with -9 never removes its own),
+    after killing what their `none` sandboxes left running. Only directories made here (OWNER_FILE) by this uid,
+    and only when the owner's pid is dead or now another process (start time) — never a live run's.
+    Returns (directories removed, processes killed)."""
+    removed = killed = 0
+    for base in bases if bases is not None else sorted({_control_base(), "/tmp"}):
+        try:
+            names = sorted(n for n in os.listdir(base) if n.startswith(CONTROL_PREFIX))
+        except OSError:
+            continue
+        for name in names:
+            d = Path(base) / name
+            doc = _owner_doc(d)
+            if doc is None:
+                continue
+            start = _start_ticks(doc["pid"])
+            if start is not None and doc.get("start") in (None, start):
+                continue  # its owner lives
+            killed += _kill_left_behind(str(d))
+            shutil.rmtree(d, ignore_errors=True)
+            removed += 1
+    return removed, killed
+
+
 # ---------------------------------------------------------------------------------------------- command lines
 
 
@@ -498,6 +589,8 @@ def _wrapper(spec: SandboxSpec, ctl: _Control, argv: list[str]) -> list[str]:
         cmd += ["--socket", ctl.inside("proxy.sock", k), "--port", str(0 if k == "none" else RELAY_PORT)]
     if k == "bwrap" and _bwrap_privileged():
         cmd += ["--drop", f"{UID}:{GID}"]
+    if k == "none":  # no namespace or container ends the agent with the runner: the wrapper must (relay.die_with)
+        cmd += ["--die-with", str(os.getpid())]
     return [*cmd, "--", *argv]
 
 

@@ -4,6 +4,10 @@ One two-turn tool session with an official SDK (Anthropic, OpenAI Chat, OpenAI R
 `POLAR_SDK_PROTOCOL`, else sample k mod 4), through HTTPS_PROXY exactly like any agent: turn 1 forces a call of its
 one tool, `write_file(path, content)`, which it runs in the workdir; turn 2 answers with tool calls off (streamed).
 What the model writes is what the task's verifier scores. Runs inside the sandbox (standard library + the SDKs).
+
+`python:polar.rollout.sdk_agent:answer` is the one-turn variant for answer tasks (vowel-share, polar-train's CI task):
+one streamed, unconstrained call, no tools; the reply's text is written to `answer.txt` in the workdir. Every sampled
+token is free text, so even a random policy's samples differ and a group gets a reward spread.
 """
 
 from __future__ import annotations
@@ -128,6 +132,72 @@ SESSIONS = {
     "openai_responses": openai_responses_session,
     "google_generate": google_session,
 }
+
+
+ANSWER_FILE = "answer.txt"
+ANSWER_MAX_TOKENS = 64
+
+
+def anthropic_answer(question: str) -> str:
+    import anthropic
+
+    client = anthropic.Anthropic(api_key="sk-demo-not-a-real-key")
+    with client.messages.stream(model="claude-demo", max_tokens=ANSWER_MAX_TOKENS,
+                                messages=[{"role": "user", "content": question}]) as stream:
+        final = stream.get_final_message()
+    return "".join(b.text for b in final.content if b.type == "text")
+
+
+def openai_chat_answer(question: str) -> str:
+    import openai
+
+    client = openai.OpenAI(api_key="sk-demo-not-a-real-key")
+    text = []
+    for chunk in client.chat.completions.create(model="gpt-demo", max_tokens=ANSWER_MAX_TOKENS, stream=True,
+                                                messages=[{"role": "user", "content": question}]):
+        if chunk.choices and chunk.choices[0].delta.content:
+            text.append(chunk.choices[0].delta.content)
+    return "".join(text)
+
+
+def openai_responses_answer(question: str) -> str:
+    import openai
+
+    client = openai.OpenAI(api_key="sk-demo-not-a-real-key")
+    text = []
+    for event in client.responses.create(model="gpt-demo", max_output_tokens=ANSWER_MAX_TOKENS, stream=True,
+                                         input=[{"role": "user", "content": question}]):
+        if event.type == "response.output_text.delta":
+            text.append(event.delta)
+    return "".join(text)
+
+
+def google_answer(question: str) -> str:
+    from google import genai
+    from google.genai import types
+
+    client = genai.Client(api_key="demo-not-a-real-key")
+    config = types.GenerateContentConfig(max_output_tokens=ANSWER_MAX_TOKENS)
+    return "".join(chunk.text or "" for chunk in client.models.generate_content_stream(
+        model="gemini-demo", contents=question, config=config))
+
+
+ANSWERS = {
+    "anthropic_messages": anthropic_answer,
+    "openai_chat": openai_chat_answer,
+    "openai_responses": openai_responses_answer,
+    "google_generate": google_answer,
+}
+
+
+def answer(instruction: str, workdir: str, env: dict[str, str]) -> int:
+    """polar-rollout's python: agent entry point for answer tasks: the reply goes to answer.txt."""
+    protocol = env.get("POLAR_SDK_PROTOCOL") or PROTOCOLS[int(env.get("POLAR_SAMPLE") or 0) % len(PROTOCOLS)]
+    text = ANSWERS[protocol](instruction.strip())
+    with open(os.path.join(workdir, ANSWER_FILE), "w", encoding="utf-8") as fh:
+        fh.write(text)
+    print(f"{protocol}: answer {text[:200]!r}")
+    return 0
 
 
 def run(instruction: str, workdir: str, env: dict[str, str]) -> int:

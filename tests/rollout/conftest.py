@@ -5,6 +5,7 @@ sandbox image built locally; stopped at the end. Docker tests skip, with the rea
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -33,15 +34,21 @@ def _unmount_under(base: Path) -> None:
         subprocess.run(["umount", "-l", point], capture_output=True)
 
 
-@pytest.fixture(scope="session")
-def dockerd():
+class DockerdUnavailable(Exception):
+    """dockerd cannot start here; the message says why (a test skips with it)."""
+
+
+@contextlib.contextmanager
+def private_dockerd():
+    """A private dockerd for as long as the block runs (see the module docstring); yields its DOCKER_HOST, set in
+    os.environ meanwhile. Raises DockerdUnavailable when it cannot start. scripts/bench_rollout uses it too."""
     exe = shutil.which("dockerd")
     if exe is None:
-        pytest.skip("dockerd is not installed (scripts/setup --system installs docker.io)")
+        raise DockerdUnavailable("dockerd is not installed (scripts/setup --system installs docker.io)")
     if shutil.which("docker") is None:
-        pytest.skip("the docker client is not installed (scripts/setup --system installs docker.io)")
+        raise DockerdUnavailable("the docker client is not installed (scripts/setup --system installs docker.io)")
     if os.geteuid() != 0:
-        pytest.skip("dockerd needs root to start")
+        raise DockerdUnavailable("dockerd needs root to start")
     base = Path(tempfile.mkdtemp(prefix="polar-dockerd-"))  # short: Unix socket paths are limited to 107 bytes
     host = f"unix://{base}/docker.sock"
     log = open(base / "dockerd.log", "wb")
@@ -53,19 +60,7 @@ def dockerd():
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     old = os.environ.get("DOCKER_HOST")
     try:
-        deadline = time.monotonic() + DOCKERD_WAIT_S
-        while True:
-            if proc.poll() is not None:
-                tail = (base / "dockerd.log").read_text(errors="replace").strip().splitlines()[-3:]
-                pytest.skip(f"dockerd exited ({proc.returncode}) at start: {' | '.join(tail)}")
-            try:
-                if _docker(host, "version", "--format", "{{.Server.Version}}", timeout=10).returncode == 0:
-                    break
-            except subprocess.TimeoutExpired:
-                pass
-            if time.monotonic() > deadline:
-                pytest.skip(f"dockerd did not answer within {DOCKERD_WAIT_S:g} s")
-            time.sleep(0.3)
+        _wait_for_dockerd(proc, host, base)
         os.environ["DOCKER_HOST"] = host
         from polar.rollout.sandbox import DEFAULT_IMAGE, ensure_image
 
@@ -76,19 +71,49 @@ def dockerd():
             os.environ.pop("DOCKER_HOST", None)
         else:
             os.environ["DOCKER_HOST"] = old
-        if proc.poll() is None:
-            try:
-                ids = _docker(host, "ps", "-aq", timeout=15).stdout.split()
-                if ids:
-                    _docker(host, "rm", "-f", *ids, timeout=30)
-            except subprocess.TimeoutExpired:
-                pass
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _stop_dockerd(proc, host)
         log.close()
         _unmount_under(base)
         shutil.rmtree(base, ignore_errors=True)
+
+
+def _wait_for_dockerd(proc: subprocess.Popen, host: str, base: Path) -> None:
+    deadline = time.monotonic() + DOCKERD_WAIT_S
+    while True:
+        if proc.poll() is not None:
+            tail = (base / "dockerd.log").read_text(errors="replace").strip().splitlines()[-3:]
+            raise DockerdUnavailable(f"dockerd exited ({proc.returncode}) at start: {' | '.join(tail)}")
+        try:
+            if _docker(host, "version", "--format", "{{.Server.Version}}", timeout=10).returncode == 0:
+                return
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() > deadline:
+            raise DockerdUnavailable(f"dockerd did not answer within {DOCKERD_WAIT_S:g} s")
+        time.sleep(0.3)
+
+
+def _stop_dockerd(proc: subprocess.Popen, host: str) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        ids = _docker(host, "ps", "-aq", timeout=15).stdout.split()
+        if ids:
+            _docker(host, "rm", "-f", *ids, timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="session")
+def dockerd():
+    try:
+        with private_dockerd() as host:
+            yield host
+    except DockerdUnavailable as e:
+        pytest.skip(str(e))

@@ -4,7 +4,8 @@ testagent.py, the official openai SDK through HTTPS_PROXY) against the scripted 
 1.x  statuses, results.jsonl / rewards.jsonl exactly, group advantages ±1, RUN's files, the preflight's sessions
      left out of processing; every fault status of the table
 2.x  exit codes: no reward (1, with --retry-infra), bad input (2), a sandboxed run on a proxy that tunnels (2)
-3.x  kill -9 mid-run then --resume (one latest attempt per sample, no duplicate reward), Ctrl-C (130)
+3.x  kill -9 mid-run then --resume (one latest attempt per sample, no duplicate reward), Ctrl-C (130); kill -9 takes
+     an unsandboxed agent's whole tree with it, and the next run sweeps the dead runner's control directory
 4.x  the preflight refuses a backend without token ids
 5.x  --sandbox bwrap, --engine ray, a --proxy-json proxy
 """
@@ -13,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import tempfile
 import time
 from pathlib import Path
 
@@ -253,6 +256,42 @@ def test_3_2_ctrl_c_cancels_cleanly_with_exit_130(tmp_path, upstream):
     doc = json.loads((run / "run.json").read_text())
     assert not runner.is_alive(doc["proxy"]["pid"])  # the proxy was stopped, its files closed
     assert not list((run / "flows").glob("*.open")) and list((run / "flows").glob("*.msgpack"))
+
+
+def test_3_3_kill_9_of_the_runner_ends_its_unsandboxed_agents_and_resume_sweeps_their_control_dir(tmp_path, upstream):
+    """--sandbox none has no namespace to die with: the agent, its child and a child in a session of its own must
+    still end with the runner; the dead runner's control directory is left, and the next run removes it."""
+    tasks = tmp_path / "tasks"
+    make_task(tasks, "spawns", "spawn-hang")
+    run = tmp_path / "run"
+    tmp = tempfile.mkdtemp(prefix="polar-t-")  # short: the control dir (and its socket) goes here, not /tmp
+    try:
+        proc = start_rollout(str(tasks), *_base(tmp_path, upstream, "--samples", "1", "--skip-preflight",
+                                                "--run-id", "r12"), env=rollout_env(POLAR_TEST_HANG="1", TMPDIR=tmp))
+        try:
+            found = lambda: list((run / ".work").glob("*/app/pids.json")) if (run / ".work").is_dir() else []
+            _wait_for(lambda: found() and found()[0].read_text().endswith("}"), 90, proc)
+            pids = json.loads(found()[0].read_text())
+            assert all(runner.is_alive(pids[k]) for k in ("agent", "child", "detached")), pids
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        try:
+            _wait_for(lambda: not any(runner.is_alive(pids[k]) for k in ("agent", "child", "detached")), 30)
+        finally:
+            for k in ("agent", "child", "detached"):  # before the fix they lived on: do not leave them to the machine
+                if runner.is_alive(pids[k]):
+                    os.kill(pids[k], signal.SIGKILL)
+        control = Path(pids["control"] or "/nonexistent")
+        assert control.parent == Path(tmp) and (control / "owner.json").is_file()  # a runner killed with -9 leaves it
+        done = rollout("--out", str(run), "--resume", "--skip-preflight", env=rollout_env(TMPDIR=tmp))
+        assert done.returncode == 0, explain(done)
+        assert not control.exists() and "removed 1 sandbox control dir(s) of dead runs" in done.stderr
+        assert latest(results(run))[("spawns", 0)]["status"] == "completed"
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------------- 4. preflight

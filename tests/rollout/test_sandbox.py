@@ -5,11 +5,13 @@ identity, timeouts and memory limits hold."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import shutil
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -554,6 +556,103 @@ def test_memory_limit_without_a_cgroup_is_prlimit(name, request, run_dir, monkey
     result, out, err = s.run(name, py("b = bytearray(256 * 1024 * 1024); print('allocated')"), memory_mb=96)
     assert result.memory_limit == "prlimit --as 96 MiB"
     assert result.exit_code == 1 and "MemoryError" in err and "allocated" not in out
+
+
+# ---------------------------------------------------------------------------------------------- dying with the runner
+
+# A "runner" in a process of its own: one `none` sandbox whose agent starts a child and a child in a session of its
+# own (out of the process group), writes their pids and waits.
+RUNNER = r"""
+import sys
+from pathlib import Path
+from polar.rollout import sandbox as sb
+base = Path(sys.argv[1])
+script = ("sleep 600 & c=$!; setsid sleep 600 & d=$!; "
+          f"echo $$ $c $d > {base}/pids.tmp && mv {base}/pids.tmp {base}/pids; wait")
+sb.run_sandboxed(sb.SandboxSpec(kind="none", app=base / "app", home=base / "home", env={"PATH": sb.DEFAULT_PATH}),
+                 ["/bin/sh", "-c", script], stdout=base / "out", stderr=base / "err", timeout=600)
+"""
+
+
+def _alive(pid: int) -> bool:
+    return sb._start_ticks(pid) is not None  # a zombie is gone
+
+
+def _wait(predicate, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_none_sandbox_ends_the_agents_whole_tree_when_its_runner_is_killed_with_9(tmp_path):
+    base = tmp_path / "sample"
+    for d in ("app", "home"):
+        (base / d).mkdir(parents=True)
+    tmp = tempfile.mkdtemp(prefix="polar-t-")  # the control dir's base (short: its socket path is limited)
+    runner = subprocess.Popen([str(VENV / "bin" / "python"), "-c", RUNNER, str(base)], stdin=subprocess.DEVNULL,
+                              env={**os.environ, "TMPDIR": tmp})
+    pids: list[int] = []
+    try:
+        assert _wait(lambda: (base / "pids").is_file() or runner.poll() is not None, 60), "the agent did not start"
+        pids = [int(x) for x in (base / "pids").read_text().split()]
+        assert len(pids) == 3 and all(_alive(p) for p in pids)
+        runner.kill()
+        runner.wait(timeout=10)
+        gone = _wait(lambda: not any(_alive(p) for p in pids), 30)
+        assert gone, [p for p in pids if _alive(p)]  # the agent, its child, and the one in its own session
+        [control] = [d for d in Path(tmp).iterdir() if d.name.startswith(sb.CONTROL_PREFIX)]
+        assert (control / sb.OWNER_FILE).is_file()  # left by the dead runner: the next sweep's
+        assert sb.sweep_stale_controls([tmp]) == (1, 0) and not control.exists()
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        for p in pids:  # before the fix they lived on
+            with contextlib.suppress(OSError):
+                os.kill(p, 9)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _control_dir(base: Path, name: str, owner: dict | str | None) -> Path:
+    d = base / name
+    d.mkdir()
+    if owner is not None:
+        (d / sb.OWNER_FILE).write_text(owner if isinstance(owner, str) else json.dumps(owner))
+    return d
+
+
+def test_the_sweep_removes_only_dead_owners_control_dirs_and_kills_what_they_left(tmp_path):
+    me, start = os.getpid(), sb._start_ticks(os.getpid())
+    child = subprocess.Popen(["true"])
+    child.wait()
+    dead = {"pid": child.pid, "start": 1}
+    made = {
+        "dead": _control_dir(tmp_path, "polar-sbx-dead", dead),
+        "reused": _control_dir(tmp_path, "polar-sbx-reused", {"pid": me, "start": start - 1}),  # pid now another's
+        "live": _control_dir(tmp_path, "polar-sbx-live", {"pid": me, "start": start}),
+        "live-no-start": _control_dir(tmp_path, "polar-sbx-nostart", {"pid": me, "start": None}),
+        "no-owner": _control_dir(tmp_path, "polar-sbx-bare", None),  # not ours, or its owner has not written it yet
+        "garbage": _control_dir(tmp_path, "polar-sbx-garbage", "{not json"),
+        "other-name": _control_dir(tmp_path, "other-dead", dead),
+    }
+    target = _control_dir(tmp_path, "elsewhere", dead)
+    (tmp_path / "polar-sbx-link").symlink_to(target)  # never followed
+    (tmp_path / "polar-sbx-file").write_text(json.dumps(dead))
+    procs = {name: subprocess.Popen(["sleep", "600"], env={"PATH": sb.DEFAULT_PATH,
+                                                           sb.SANDBOX_VAR: str(made[name])})
+             for name in ("dead", "live")}
+    try:
+        assert sb.sweep_stale_controls([str(tmp_path)]) == (2, 1)
+        assert procs["dead"].wait(timeout=10) == -9 and procs["live"].poll() is None
+        assert {n for n, d in made.items() if d.exists()} == {"live", "live-no-start", "no-owner", "garbage",
+                                                              "other-name"}
+        assert target.is_dir() and (tmp_path / "polar-sbx-link").is_symlink() and (tmp_path / "polar-sbx-file").exists()
+    finally:
+        for proc in procs.values():
+            proc.kill()
+            proc.wait()
 
 
 # ---------------------------------------------------------------------------------------------- failures

@@ -9,14 +9,19 @@ through the proxy with the official openai SDK (HTTPS_PROXY and SSL_CERT_FILE co
   hang-after-call   sleeps past any agent timeout (agent_timeout: its one call is a partial trace)
   slow              sleeps (k + 1) × POLAR_TEST_SLOW seconds (default 1.5) after the call, then the right answer
   no-call           the right answer without calling the model (infra_error: no call with token ids)
+  spawn-hang        with POLAR_TEST_HANG=1: starts a child and a detached one (in a session of its own), writes
+                    pids.json (its pid, theirs, its POLAR_SANDBOX_DIR) in the workdir and sleeps; else the right
+                    answer
 Any other instruction (the preflight's canary) is one call and exit 0; with POLAR_TEST_DISTRUST=1 that call trusts
 only certifi's CAs (an agent that does not trust the proxy's CA: its TLS handshake fails).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import subprocess
 import time
 
 
@@ -52,6 +57,13 @@ def run(instruction: str, workdir: str, env: dict) -> int | None:
     if mode == "raise-after-call":
         raise RuntimeError("the test agent gives up")
     if mode == "hang-after-call":
+        time.sleep(600)
+    if mode == "spawn-hang" and os.environ.get("POLAR_TEST_HANG") == "1":
+        child = subprocess.Popen(["sleep", "600"])
+        detached = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        (app / "pids.json").write_text(json.dumps({"agent": os.getpid(), "child": child.pid,
+                                                   "detached": detached.pid,
+                                                   "control": env.get("POLAR_SANDBOX_DIR")}))
         time.sleep(600)
     if mode == "slow":
         time.sleep((k + 1) * float(os.environ.get("POLAR_TEST_SLOW", "1.5")))

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PROXY_VENV = ROOT / ".venv"
 POLAR_ROLLOUT = PROXY_VENV / "bin" / "polar-rollout"
 SDK_AGENT = "python:polar.rollout.sdk_agent:run"
+ANSWER_AGENT = "python:polar.rollout.sdk_agent:answer"  # one free-text turn: a reward spread under a random policy
 TRAIN_TASK = ROOT / "examples" / "tasks" / "vowel-share"
 PINNED = "polar_sampling_override=temperature=1.0,top_p=1.0,top_k=-1"
 

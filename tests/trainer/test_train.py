@@ -1,5 +1,6 @@
 """polar-train (DESIGN §10): the closed loop on the shared float32 dev-mode tiny server — 2 steps of rollout (the SDK
-agent on vowel-share, whose reward varies within a group under the random model) → verify → GRPO step → checkpoint
+answer agent on vowel-share: one free-text turn per sample, whose vowel share varies within a group under the random
+model) → verify → GRPO step → checkpoint
 → reload, every stage exercised; the checkpoints' parameters differ from the start by more than weight decay alone
 would make them; the second step's rollouts are served (and recorded) by the first step's weights. Bad input exits 2
 with one line."""
@@ -16,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.trainer.conftest import ROOT, SDK_AGENT, TRAIN_TASK
+from tests.trainer.conftest import ANSWER_AGENT, ROOT, SDK_AGENT, TRAIN_TASK
 
 pytestmark = pytest.mark.vllm
 
@@ -42,7 +43,7 @@ def _restore(server) -> None:
 def trained(dev_server, tmp_path_factory):
     run = tmp_path_factory.mktemp("train") / "run"
     try:
-        proc = _train(str(TRAIN_TASK), "--agent", SDK_AGENT, "--model", str(TINY), "--out", str(run), "--steps", "2",
+        proc = _train(str(TRAIN_TASK), "--agent", ANSWER_AGENT, "--model", str(TINY), "--out", str(run), "--steps", "2",
                       "--samples", "4", "--lr", str(LR), "--weight-decay", str(WD), "--dtype", "float32",
                       "--vllm-run-file", dev_server.run_file, "--rollout-opt=--sandbox=none",
                       "--rollout-opt=--skip-preflight")
