@@ -77,6 +77,7 @@ class Responder:
         self.status: int | None = None
         self.finished = False
         self._head = b""  # start()'s bytes, not written yet
+        self._chunked = False  # h11 frames this body chunked: send() frames its pieces itself
 
     def _headers(self, headers: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
         hdrs = [(k.encode(), v.encode()) for k, v in headers]
@@ -105,20 +106,29 @@ class Responder:
         if self._writer.is_closing():  # an agent already gone is noticed here, as when the head was written here
             raise ClientGone("connection closed")
         self._head = self._conn.send(h11.Response(status_code=status, headers=hdrs)) or b""
+        # h11 keeps no count of a chunked body, and its framing costs ~4 µs a piece: frame pieces here, the same
+        # bytes (h11 drops chunking itself for an HTTP/1.0 agent, hence the check of what it wrote).
+        self._chunked = b"\r\ntransfer-encoding: chunked\r\n" in self._head.lower()
         self.started = True
         self.status = status
 
+    def _frame(self, data: bytes) -> bytes:
+        if not data:
+            return b""
+        if self._chunked:
+            return b"%x\r\n%s\r\n" % (len(data), data)  # h11's ChunkedWriter bytes
+        return self._conn.send(h11.Data(data=data)) or b""
+
     async def send(self, data: bytes) -> None:
         """A body piece (with the head, if start()'s is still here; b"" then sends the head alone)."""
-        await self._put(self._conn.send(h11.Data(data=data)) or b"" if data else b"")
+        await self._put(self._frame(data))
 
     async def end(self, *pieces: bytes) -> None:
         """The last body pieces (each framed as send() frames it) and the end of the body, in one write."""
         if not self.finished:
             self.finished = True
-            conn = self._conn
-            last = [conn.send(h11.Data(data=piece)) or b"" for piece in pieces if piece]
-            last.append(conn.send(h11.EndOfMessage()) or b"")
+            last = [self._frame(piece) for piece in pieces]
+            last.append(self._conn.send(h11.EndOfMessage()) or b"")
             await self._put(b"".join(last))
 
     def abort(self) -> None:

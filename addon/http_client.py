@@ -218,6 +218,10 @@ class _StreamResponse:
                         self._complete = True
                         return
                     pos = end + 2
+                    if pos + size + 2 <= n:  # the whole chunk is here (the usual case): one step, not three
+                        out.append(buf[pos:pos + size])
+                        pos += size + 2
+                        continue
                     left, skip = size, 2
                 buf = buf[pos:]
                 if out:

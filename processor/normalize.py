@@ -97,6 +97,8 @@ def _trainer_columns(r: dict, body: dict) -> dict:
         "top_k": _int_or_none(sent("top_k")),
         "logprobs_mode": _str_or_none(sampling.get("logprobs_mode")) or _str_or_none(backend.get("logprobs_mode")),
         "weight_version": _str_or_none(r.get("weight_version")),
+        # logprobs after a grammar mask: a trainer leaves these calls' tokens out of ratios and checks
+        "constrained": _constrained(r, body),
     }
 
 
@@ -160,7 +162,7 @@ def to_call(r: dict, source_file: str, source_offset: int) -> Call:
         id=row["call_id"], session=row["session"], t_start=row["t_start"] if row["t_start"] is not None else 0.0,
         model=row["model_served"], finish_reason=row["finish_reason"], stop_reason=row["stop_reason"],
         prompt=prompt, completion=completion, logprobs=logprobs, prompt_bytes=prompt_b,
-        constrained=_constrained(r, body), row=row, messages_json=messages_json, tools_json=tools_json,
+        constrained=row["constrained"], row=row, messages_json=messages_json, tools_json=tools_json,
         assistant=assistant, protocol=row["protocol"], n_tools=len(tools) if isinstance(tools, list) else 0,
         weight_version=row["weight_version"],
     )

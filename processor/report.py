@@ -536,10 +536,11 @@ def render_overview(report: dict, seq_lengths: list[int], viewer=None, trainer: 
 
 
 def render_html(report: dict, seq_lengths: list[int], viewer=None, verify: str | None = None,
-                train: str | None = None) -> str:
+                train: str | None = None, sequences_sha256: str | None = None) -> str:
     """The self-contained page: the overview, then the session explorer over `viewer` (a viewer.ViewerData), and
     the trainer's verify gaps / train curve when their files are given (`trainer_sections`)."""
-    return page(render_overview(report, seq_lengths, viewer, trainer_sections(verify, train)), viewer)
+    return page(render_overview(report, seq_lengths, viewer, trainer_sections(verify, train, sequences_sha256)),
+                viewer)
 
 
 # ---------------------------------------------------------------------------------------------------- trainer

@@ -627,6 +627,18 @@ def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, h
     return [binary, *argv], env, tuple(mounts)
 
 
+def _fresh_dirs(ctx: SampleContext, job: SampleJob, work: Path) -> tuple[Path, Path]:
+    """(app, home) of a new attempt: a fresh copy of the start state, and a HOME holding the proxy's CA files."""
+    if work.exists():
+        shutil.rmtree(work, ignore_errors=True)
+    app, home = work / "app", work / "home"
+    _copy_tree(None if job.canary else job.task.workdir, app)
+    (home / ".polar").mkdir(parents=True)
+    shutil.copyfile(ctx.ca_pem, home / ".polar" / "ca.pem")
+    shutil.copyfile(ctx.ca_bundle, home / ".polar" / "ca-bundle.pem")
+    return app, home
+
+
 def run_sample(ctx: SampleContext, job: SampleJob) -> dict:
     """One attempt of one sample, start to end: setup, agent, verifier, teardown. Never raises: the result line."""
     from polar.rollout import sandbox as sb
@@ -655,14 +667,8 @@ def run_sample(ctx: SampleContext, job: SampleJob) -> dict:
 
     try:
         sample_dir.mkdir(parents=True, exist_ok=True)
-        if work.exists():
-            shutil.rmtree(work, ignore_errors=True)
-        app, home = work / "app", work / "home"
         check_cancel()
-        _copy_tree(None if job.canary else job.task.workdir, app)
-        (home / ".polar").mkdir(parents=True)
-        shutil.copyfile(ctx.ca_pem, home / ".polar" / "ca.pem")
-        shutil.copyfile(ctx.ca_bundle, home / ".polar" / "ca-bundle.pem")
+        app, home = _fresh_dirs(ctx, job, work)
         instruction = CANARY_INSTRUCTION if job.canary else job.task.instruction
         argv, env, mounts = agent_command(ctx, job, session, app, home, instruction)
         agent_timeout = (min(CANARY_TIMEOUT, ctx.agent_timeout or CANARY_TIMEOUT) if job.canary else
@@ -689,20 +695,9 @@ def run_sample(ctx: SampleContext, job: SampleJob) -> dict:
         detail["calls_with_token_ids"] = with_ids
         if not job.canary:
             (sample_dir / "final.diff").write_text(tree_diff(job.task.workdir, app), encoding="utf-8")
-        if with_ids == 0:
-            why = ("timed out" if res.timed_out else f"exited with code {res.exit_code}")
-            result["status"] = "infra_error"
-            result["error"] = (f"no call with token ids: the agent {why} after {calls} call(s), none with token ids"
-                               f"{_proxy_hint(ctx)}")
-        elif res.timed_out:
-            result["status"], result["reward"] = "agent_timeout", 0.0
-            result["error"] = f"the agent did not finish within {agent_timeout:g} s"
-        else:
-            result["status"] = "completed" if res.exit_code == 0 else "agent_error"
-            if res.exit_code != 0:
-                result["error"] = f"the agent exited with code {res.exit_code}"
-            if not job.canary:
-                _verify(ctx, job, result, detail, sample_dir, work, app, lap)
+        _agent_status(ctx, result, res, calls, with_ids, agent_timeout)
+        if result["status"] in ("completed", "agent_error") and not job.canary:
+            _verify(ctx, job, result, detail, sample_dir, work, app, lap)
     except Cancelled:
         result["status"], result["reward"] = "cancelled", None
         result["error"] = "cancelled (Ctrl-C or SIGTERM)"
@@ -724,6 +719,22 @@ def run_sample(ctx: SampleContext, job: SampleJob) -> dict:
         with contextlib.suppress(OSError):
             write_json(sample_dir / "sample.json", {**result, **detail})
     return result
+
+
+def _agent_status(ctx: SampleContext, result: dict, res, calls: int, with_ids: int, agent_timeout: float) -> None:
+    """The status the agent's run gives (the table in the module docstring), before any verifier."""
+    if with_ids == 0:
+        why = ("timed out" if res.timed_out else f"exited with code {res.exit_code}")
+        result["status"] = "infra_error"
+        result["error"] = (f"no call with token ids: the agent {why} after {calls} call(s), none with token ids"
+                           f"{_proxy_hint(ctx)}")
+    elif res.timed_out:
+        result["status"], result["reward"] = "agent_timeout", 0.0
+        result["error"] = f"the agent did not finish within {agent_timeout:g} s"
+    else:
+        result["status"] = "completed" if res.exit_code == 0 else "agent_error"
+        if res.exit_code != 0:
+            result["error"] = f"the agent exited with code {res.exit_code}"
 
 
 def _verify(ctx: SampleContext, job: SampleJob, result: dict, detail: dict, sample_dir: Path, work: Path, app: Path,
@@ -1064,46 +1075,7 @@ class Runner:
         o.samples = 4 if o.samples is None else o.samples
         o.sandbox = o.sandbox or "bwrap"
         o.engine = o.engine or "local"
-        if not o.tasks:
-            raise UsageError("no TASKS given (task directories or folders holding them)")
-        if not o.agent:
-            raise UsageError("--agent is required (claude-code, codex, gemini-cli, qwen-code, pi[:provider] or "
-                             "python:MODULE:FUNC)")
-        self.agent = AgentSpec.parse(o.agent)
-        if o.samples < 1:
-            raise UsageError(f"--samples must be at least 1 (got {o.samples})")
-        if o.parallel < 0:
-            raise UsageError(f"--parallel must be at least 1 (got {o.parallel})")
-        o.parallel = o.parallel or os.cpu_count() or 1
-        if o.retry_infra < 0:
-            raise UsageError(f"--retry-infra must be 0 or more (got {o.retry_infra})")
-        for name in ("agent_timeout", "verify_timeout"):
-            v = getattr(o, name)
-            if v is not None and not (math.isfinite(v) and v > 0):
-                raise UsageError(f"--{name.replace('_', '-')} must be a positive number of seconds (got {v})")
-        if o.sandbox not in ("bwrap", "docker", "none"):
-            raise UsageError(f"--sandbox must be bwrap, docker or none (got {o.sandbox})")
-        if o.image and o.sandbox != "docker":
-            raise UsageError("--image applies to --sandbox docker only")
-        if o.engine not in ("local", "ray"):
-            raise UsageError(f"--engine must be local or ray (got {o.engine})")
-        if o.ray_address and o.engine != "ray":
-            raise UsageError("--ray-address needs --engine ray")
-        if o.upstream and o.proxy_json:
-            raise UsageError("pass one of --upstream URL (the runner starts its proxy) or --proxy-json FILE "
-                             "(a running proxy), not both")
-        if o.proxy_set and o.proxy_json:
-            raise UsageError("--proxy-set applies to the proxy the runner starts (--upstream), not to a "
-                             "--proxy-json proxy")
-        for item in o.proxy_set:
-            name, sep, value = item.partition("=")
-            if not sep or not name.strip():
-                raise UsageError(f"--proxy-set {item!r}: expected NAME=VALUE")
-            if name.strip() == "polar_other_hosts" and o.sandbox != "none" and value.strip() != "refuse":
-                raise UsageError(f"--proxy-set {item}: sandboxed runs need polar_other_hosts=refuse (their one path "
-                                 f"out is the proxy, which must serve provider hosts only)")
-            if name.strip() == "polar_flows":
-                raise UsageError("--proxy-set polar_flows: the runner's proxy writes to RUN/flows")
+        self._check_options()
         try:
             self.tasks = tasklib.load_tasks(o.tasks, allow_image=o.sandbox == "docker" and bool(o.image))
         except tasklib.TaskError as exc:
@@ -1145,6 +1117,50 @@ class Runner:
             options={k: getattr(o, k) for k in REUSED}, runner_pid=os.getpid(), updated=now())
         self.run_doc.setdefault("preflight", None)
         self._save_run_doc()
+
+    def _check_options(self) -> None:
+        """Each option on its own and against the others (UsageError names the one that is wrong)."""
+        o = self.opts
+        if not o.tasks:
+            raise UsageError("no TASKS given (task directories or folders holding them)")
+        if not o.agent:
+            raise UsageError("--agent is required (claude-code, codex, gemini-cli, qwen-code, pi[:provider] or "
+                             "python:MODULE:FUNC)")
+        self.agent = AgentSpec.parse(o.agent)
+        if o.samples < 1:
+            raise UsageError(f"--samples must be at least 1 (got {o.samples})")
+        if o.parallel < 0:
+            raise UsageError(f"--parallel must be at least 1 (got {o.parallel})")
+        o.parallel = o.parallel or os.cpu_count() or 1
+        if o.retry_infra < 0:
+            raise UsageError(f"--retry-infra must be 0 or more (got {o.retry_infra})")
+        for name in ("agent_timeout", "verify_timeout"):
+            v = getattr(o, name)
+            if v is not None and not (math.isfinite(v) and v > 0):
+                raise UsageError(f"--{name.replace('_', '-')} must be a positive number of seconds (got {v})")
+        if o.sandbox not in ("bwrap", "docker", "none"):
+            raise UsageError(f"--sandbox must be bwrap, docker or none (got {o.sandbox})")
+        if o.image and o.sandbox != "docker":
+            raise UsageError("--image applies to --sandbox docker only")
+        if o.engine not in ("local", "ray"):
+            raise UsageError(f"--engine must be local or ray (got {o.engine})")
+        if o.ray_address and o.engine != "ray":
+            raise UsageError("--ray-address needs --engine ray")
+        if o.upstream and o.proxy_json:
+            raise UsageError("pass one of --upstream URL (the runner starts its proxy) or --proxy-json FILE "
+                             "(a running proxy), not both")
+        if o.proxy_set and o.proxy_json:
+            raise UsageError("--proxy-set applies to the proxy the runner starts (--upstream), not to a "
+                             "--proxy-json proxy")
+        for item in o.proxy_set:
+            name, sep, value = item.partition("=")
+            if not sep or not name.strip():
+                raise UsageError(f"--proxy-set {item!r}: expected NAME=VALUE")
+            if name.strip() == "polar_other_hosts" and o.sandbox != "none" and value.strip() != "refuse":
+                raise UsageError(f"--proxy-set {item}: sandboxed runs need polar_other_hosts=refuse (their one path "
+                                 f"out is the proxy, which must serve provider hosts only)")
+            if name.strip() == "polar_flows":
+                raise UsageError("--proxy-set polar_flows: the runner's proxy writes to RUN/flows")
 
     def _merge_resume(self, prev: dict) -> None:
         """--resume: take the run's options from run.json, unless given again; its identity must match."""

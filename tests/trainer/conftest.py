@@ -48,7 +48,9 @@ def exact_rollout_args(upstream: str, out: Path, *, samples: int = 4, run_id: st
                        exact: bool = True) -> list[str]:
     return [str(TRAIN_TASK), "--agent", SDK_AGENT, "--out", str(out), "--sandbox", "none", "--upstream", upstream,
             "--samples", str(samples), "--parallel", "2", "--run-id", run_id, "--skip-preflight",
-            "--proxy-set", f"polar_exact={'true' if exact else 'false'}", "--proxy-set", PINNED]
+            "--proxy-set", f"polar_exact={'true' if exact else 'false'}", "--proxy-set", PINNED,
+            # the model's own end-of-turn ids: a random policy's completions may all run into max_tokens
+            f"--process-opt=--tokenizer={ROOT / '.cache' / 'models' / 'tiny'}"]
 
 
 @pytest.fixture(scope="session")

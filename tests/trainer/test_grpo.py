@@ -40,12 +40,14 @@ def _process(run: Path, out: Path, rewards: Path, *args: str) -> Path:
 
 @pytest.fixture(scope="module")
 def both_modes(exact_rollout, tmp_path_factory) -> dict[str, Path]:
-    """exact_rollout's flows re-processed in both modes with spread rewards (the task's own are often all equal,
-    which makes every advantage 0 and every gradient 0)."""
+    """exact_rollout's flows re-processed in both modes, every session rewarded 2^i in one group: the task's own
+    rewards are often all equal (every advantage 0, every gradient 0), and 2^i is never the group's mean, so no
+    session's advantage is 0."""
     base = tmp_path_factory.mktemp("modes")
+    sessions = sorted(set(pl.read_parquet(exact_rollout / "out" / "calls.parquet")["session"].drop_nulls()))
     rewards = base / "rewards.jsonl"
-    lines = [json.loads(x) for x in (exact_rollout / "rewards.jsonl").read_text().splitlines() if x.strip()]
-    rewards.write_text("".join(json.dumps({**r, "reward": float(i % 3)}) + "\n" for i, r in enumerate(lines)))
+    rewards.write_text("".join(json.dumps({"session": s, "reward": float(2 ** i), "group": "g"}) + "\n"
+                               for i, s in enumerate(sessions)))
     return {"per_request": _process(exact_rollout, base / "per_request", rewards, "--mode", "per_request"),
             "prefix_merging": _process(exact_rollout, base / "prefix_merging", rewards, "--on-mismatch", "split")}
 
@@ -74,7 +76,7 @@ def test_1_2_per_request_and_prefix_merging_give_the_same_gradient(both_modes, l
     (c1, m1, g1), (c2, m2, g2) = got["per_request"], got["prefix_merging"]
     assert c1["tokens_trainable"] == c2["tokens_trainable"] > 0, (c1, c2)
     assert c1["rows"] >= c2["rows"]  # one row per call vs one per chain
-    assert g1.abs().sum() > 0
+    assert g1.abs().sum() > 0, (c1, c2)
     assert _cosine(g1, g2) >= 0.9999, (c1, c2, m1.loss, m2.loss)
     assert m1.loss == pytest.approx(m2.loss, abs=1e-5)
 
