@@ -279,7 +279,7 @@ class PolarGateway:
         self.tunnels.pop(client.id, None)
 
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
-        # Runs before mitmproxy's own NextLayer addon (mitmdump loads -s scripts first; polar-fast adds us first),
+        # Runs before mitmproxy's own NextLayer addon (mitmdump loads -s scripts first),
         # which leaves a layer set here alone. Not diverted: the built-in stack and the request-hook fallback.
         if nextlayer.layer is not None:
             return
