@@ -18,7 +18,7 @@ CHARTS = (
     ("verify: share of tokens within tolerance", [("verify_share_within", "share within")]),
 )
 COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-W, H, PAD = 420, 220, 42
+W, H, PAD, LEFT = 440, 220, 42, 78  # LEFT: room for the y labels
 
 
 def _points(lines: list[dict], key: str) -> list[tuple[int, float]]:
@@ -36,15 +36,16 @@ def _chart(title: str, series: list[tuple[str, list[tuple[int, float]]]]) -> str
         y0, y1 = y0 - 0.5 * (abs(y0) or 1), y1 + 0.5 * (abs(y1) or 1)
 
     def sx(x: float) -> float:
-        return PAD + (x - x0) / (x1 - x0) * (W - 2 * PAD)
+        return LEFT + (x - x0) / (x1 - x0) * (W - LEFT - PAD)
 
     def sy(y: float) -> float:
         return H - PAD + (y - y0) / (y1 - y0) * (2 * PAD - H)
 
-    parts = [f'<line x1="{PAD}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" class="axis"/>',
-             f'<line x1="{PAD}" y1="{PAD}" x2="{PAD}" y2="{H - PAD}" class="axis"/>',
-             f'<text x="{PAD - 4}" y="{sy(y1) + 4:.1f}" class="tick" text-anchor="end">{y1:.4g}</text>',
-             f'<text x="{PAD - 4}" y="{sy(y0) + 4:.1f}" class="tick" text-anchor="end">{y0:.4g}</text>']
+    digits = 4 if (y1 - y0) > 1e-3 * max(abs(y0), abs(y1)) else 8  # a ratio near 1 still shows its spread
+    parts = [f'<line x1="{LEFT}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" class="axis"/>',
+             f'<line x1="{LEFT}" y1="{PAD}" x2="{LEFT}" y2="{H - PAD}" class="axis"/>',
+             f'<text x="{LEFT - 4}" y="{sy(y1) + 4:.1f}" class="tick" text-anchor="end">{y1:.{digits}g}</text>',
+             f'<text x="{LEFT - 4}" y="{sy(y0) + 4:.1f}" class="tick" text-anchor="end">{y0:.{digits}g}</text>']
     for x in sorted(set(xs)):
         parts.append(f'<text x="{sx(x):.1f}" y="{H - PAD + 16}" class="tick" text-anchor="middle">{x}</text>')
     legend = []
@@ -60,10 +61,14 @@ def _chart(title: str, series: list[tuple[str, list[tuple[int, float]]]]) -> str
 
 
 def _group_chart(lines: list[dict]) -> str:
-    groups = sorted({g for ln in lines for g in (ln.get("reward_mean_per_group") or {})})
-    series = [(g.split("/")[-1] or g, [(ln["step"], float(ln["reward_mean_per_group"][g])) for ln in lines
-                                       if g in (ln.get("reward_mean_per_group") or {})]) for g in groups]
-    return _chart("mean reward per step, per task", series)
+    """One series per task: a step's groups are `<run-id>-step-000N/<task>`, so the task is the name after the
+    last slash."""
+    per_task: dict[str, list[tuple[int, float]]] = {}
+    for ln in lines:
+        for group, value in (ln.get("reward_mean_per_group") or {}).items():
+            if isinstance(value, (int, float)):
+                per_task.setdefault(group.rsplit("/", 1)[-1], []).append((ln["step"], float(value)))
+    return _chart("mean reward per step, per task", sorted(per_task.items()))
 
 
 def _table(lines: list[dict]) -> str:
