@@ -8,18 +8,16 @@ ends naturally (finish `stop`) after ~8 tokens, with `max_new_tokens` as a serve
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from polar.addon.record import token_ids, unpack_floats
 from tests.e2e.conftest import Agents, require_cli
 from tests.support.gateway import start_gateway
+from tests.support.vllm_server import EXTRA_EOS_MAX_NEW_TOKENS, shared_extra_eos_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
-MAX_NEW_TOKENS = 256
-EXTRA_EOS_IDS = list(range(1024, 1024 + 384))  # ordinary BPE tokens: 1 in 8 of the vocabulary ends a turn
+MAX_NEW_TOKENS = EXTRA_EOS_MAX_NEW_TOKENS
 # Gemini CLI's router call asks for JSON with a free string; a random model never closes it within the cap and the
 # CLI would retry for minutes. An explicit model skips the router (its JSON answer is covered by test_gemini_cli).
 CASES = [
@@ -35,20 +33,10 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def vllm_gateway(tmp_path_factory):
-    from tests.support.vllm_server import start_vllm, stop_vllm
-
+    server, _ = shared_extra_eos_vllm()  # shared with tests/rollout/test_cli_vllm.py: one start per session
     base = tmp_path_factory.mktemp("vllm-gateway")
-    gen = base / "generation"
-    gen.mkdir()
-    (gen / "generation_config.json").write_text(json.dumps(
-        {"eos_token_id": [2, *EXTRA_EOS_IDS], "pad_token_id": 0, "max_new_tokens": MAX_NEW_TOKENS}))
-    # A later --generation-config wins over the one scripts/vllm passes.
-    server = start_vllm("tiny", extra=("--generation-config", str(gen)))
-    try:
-        with start_gateway(server.base_url, str(base / "run"), str(base / "flows")) as handle:
-            yield server, handle
-    finally:
-        stop_vllm(server)
+    with start_gateway(server.base_url, str(base / "run"), str(base / "flows")) as handle:
+        yield server, handle
 
 
 @pytest.mark.parametrize("harness,provider,model,protocol", CASES,

@@ -16,11 +16,7 @@ that session, and results.jsonl and rewards.jsonl agree.
 
 from __future__ import annotations
 
-import atexit
-import json
 import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +28,7 @@ from polar.rollout import sandbox
 from tests.e2e.conftest import BINARIES, NPM_BIN
 from tests.rollout.rollout_support import explain, results, rewards, rollout
 from tests.support.gateway import ROOT
+from tests.support.vllm_server import shared_extra_eos_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -41,26 +38,6 @@ TASK = Path(ROOT) / "examples" / "tasks" / "hello-file"
 CLIS = {"claude-code": [], "codex": [], "gemini-cli": ["--model", "gemini-2.5-flash"], "qwen-code": [], "pi": []}
 AGENT_TIMEOUT_S = 240  # a cap, not a wait: a CLI's first prompt is ~12-30k tokens of prefill on one CPU core
 RUN_TIMEOUT_S = 360
-
-_eos_server: list = []
-
-
-def extra_eos_vllm():
-    """(server, generation config directory): tests/e2e's extra-EOS tiny server, started once per process (its
-    generation config, from its constants) and stopped at exit."""
-    from tests.e2e.test_vllm_one_turn import EXTRA_EOS_IDS, MAX_NEW_TOKENS
-    from tests.support.vllm_server import start_vllm, stop_vllm
-
-    if not _eos_server:
-        gen = Path(tempfile.mkdtemp(prefix="polar-vllm-eos-"))
-        (gen / "generation_config.json").write_text(json.dumps(
-            {"eos_token_id": [2, *EXTRA_EOS_IDS], "pad_token_id": 0, "max_new_tokens": MAX_NEW_TOKENS}))
-        server = start_vllm("tiny", extra=("--generation-config", str(gen)))  # a later flag wins over scripts/vllm's
-        atexit.register(stop_vllm, server)
-        atexit.register(shutil.rmtree, gen, True)
-        _eos_server.append((server, gen))
-    return _eos_server[0]
-
 
 def _installed(harness: str) -> bool:
     return os.access(os.path.join(NPM_BIN, BINARIES[harness]), os.X_OK)
@@ -74,7 +51,7 @@ def cli_runs(tmp_path_factory):
         pytest.skip(why)
     if not any(_installed(h) for h in CLIS):
         pytest.skip("no agent CLI is installed: run scripts/setup --clis")
-    server, gen = extra_eos_vllm()
+    server, gen = shared_extra_eos_vllm()  # tests/e2e's server: one start per session
     base = tmp_path_factory.mktemp("cli-vllm")
     done, walls = {}, {}
     for harness, extra in CLIS.items():

