@@ -67,6 +67,7 @@ class CliPolicy:
         self.lock = threading.Lock()
         self.seen: dict[str, list[str]] = {}  # task → its main turns' kinds (probe, solve:K, noop:K, final)
         self.canary = 0
+        self.preflight = False  # whether the run under test has a preflight (its canary calls count here)
         self.side = 0
         self.upstream = None
 

@@ -36,8 +36,9 @@ TASK = Path(ROOT) / "examples" / "tasks" / "hello-file"
 # Gemini CLI without a model makes a router call first (JSON for a schema, which a random model never closes):
 # an explicit model skips it, as in tests/e2e.
 CLIS = {"claude-code": [], "codex": [], "gemini-cli": ["--model", "gemini-2.5-flash"], "qwen-code": [], "pi": []}
-# CI's 45-minute bound: the three quickest CLIs by default (Pi 26 s, Claude Code 70 s, Gemini CLI 84 s a run here);
-# Codex (137 s) and Qwen Code (200 s) too with POLAR_TEST_ALL_CLIS=1. All five run against the real tiny vLLM in
+# CI's 45-minute bound: the three quickest CLIs by default (Pi 7.5 s, Claude Code 39.5 s, Gemini CLI 36.2 s a run on an
+# idle machine, float32 server; bfloat16 under load: 26 / 70 / 84 s); Codex (137 s) and Qwen Code (200 s, both
+# bfloat16 under load) too with POLAR_TEST_ALL_CLIS=1. All five run against the real tiny vLLM in
 # tests/e2e/test_vllm_one_turn.py either way (one turn through the gateway, without the runner).
 SLOW_CLIS = ("codex", "qwen-code")
 ALL_CLIS = os.environ.get("POLAR_TEST_ALL_CLIS") == "1"

@@ -143,6 +143,8 @@ def _run_dir() -> str:
 # The extra-EOS tiny server (tests/e2e, tests/rollout): the random model rarely samples its end-of-turn id (1 in ~3k),
 # so with `--generation-config DIR` listing ordinary BPE tokens as extra EOS ids (1 in 8 of the vocabulary) an answer
 # ends naturally (finish `stop`) after ~8 tokens, `max_new_tokens` a server-wide backstop.
+# float32: the agent CLIs' 12-30k-token prompts are prefill-bound, and a CPU without AVX-512 emulates bf16 (a 16k-token
+# prefill here: 12.0 s in float32, 16.1-18.4 s in bfloat16).
 EXTRA_EOS_MAX_NEW_TOKENS = 256
 EXTRA_EOS_IDS = list(range(1024, 1024 + 384))
 _extra_eos: list = []
@@ -158,7 +160,7 @@ def shared_extra_eos_vllm() -> tuple[VllmServer, str]:
             with open(os.path.join(gen, "generation_config.json"), "w") as f:
                 json.dump({"eos_token_id": [2, *EXTRA_EOS_IDS], "pad_token_id": 0,
                            "max_new_tokens": EXTRA_EOS_MAX_NEW_TOKENS}, f)
-            server = start_vllm("tiny", extra=("--generation-config", gen))  # a later flag wins over scripts/vllm's
+            server = start_vllm("tiny", dtype="float32", extra=("--generation-config", gen))  # a later flag wins over scripts/vllm's
             atexit.register(stop_vllm, server)
             atexit.register(shutil.rmtree, gen, True)
             _extra_eos.append((server, gen))
