@@ -1,3 +1,15 @@
 """polar.trainer — the trainer side (DESIGN §10): exports to trainer formats, the loader, logprob verification, the
 reference GRPO step, checkpoints and the training loop. torch is imported only inside this package, and only by the
 modules that need it (`export` runs in the base install)."""
+
+import importlib.util
+
+
+def has_trainer_env() -> bool:
+    """torch and transformers are importable (the trainer environment, `scripts/setup --train`)."""
+    return importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None
+
+
+def needs_trainer_env(tool: str) -> str:
+    """The one line a console script prints, exiting 2, when `has_trainer_env()` is false."""
+    return f"{tool} needs the trainer environment: scripts/setup --train, then .venv-train/bin/{tool}"

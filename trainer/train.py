@@ -26,7 +26,6 @@ torch is imported after the arguments are checked.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import shlex
@@ -37,11 +36,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar.trainer import has_trainer_env, needs_trainer_env
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS_VLLM = ROOT / "scripts" / "vllm"
 DEFAULT_ROLLOUT = str(ROOT / ".venv" / "bin" / "polar-rollout")
 DEFAULT_SAMPLING = "temperature=1.0,top_p=1.0,top_k=-1"
-NEEDS_TRAIN = "polar-train needs the trainer environment: scripts/setup --train, then .venv-train/bin/polar-train"
+NEEDS_TRAIN = needs_trainer_env("polar-train")
 TRAIN_FIELDS = ("step", "weight_version", "samples", "statuses", "reward_mean", "reward_mean_per_group",
                 "verify_median_abs_gap", "verify_share_within", "ratio_mean", "ratio_max", "clip_share", "tis_share",
                 "loss", "tokens_forward", "tokens_trainable", "seconds")
@@ -393,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         check_args(args)
-        if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+        if not has_trainer_env():
             print(NEEDS_TRAIN, file=sys.stderr)
             return 2
         plan, run = prepare(args)

