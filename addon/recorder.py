@@ -12,7 +12,6 @@ the next call's parent) after it.
 from __future__ import annotations
 
 import logging
-import struct
 import time
 
 from . import record as rec
@@ -22,17 +21,6 @@ from .record import FlowWriter
 log = logging.getLogger("polar.call")
 
 _FIELDS = frozenset(rec.FIELDS)
-
-
-def _pack_ids(ids: list[int] | None) -> bytes | None:
-    """record.pack_ids' bytes, faster: struct packs a 12k-id prompt in about half array's time (it is the largest
-    per-call cost of the record); anything struct refuses goes the original way, to fail as it always did."""
-    if ids is None:
-        return None
-    try:
-        return struct.pack(f"<{len(ids)}i", *ids)
-    except struct.error:
-        return rec.pack_ids(ids)
 
 
 class RecordLost(RuntimeError):
@@ -111,8 +99,8 @@ class Recorder:
 
     def _absorb(self, rd) -> None:
         r = self.record
-        r["prompt_token_ids"] = _pack_ids(rd.prompt_token_ids)
-        r["completion_token_ids"] = _pack_ids(rd.completion_token_ids)
+        r["prompt_token_ids"] = rec.pack_ids(rd.prompt_token_ids)
+        r["completion_token_ids"] = rec.pack_ids(rd.completion_token_ids)
         # One logprob per sampled token, or none at all (record.validate holds the invariant).
         r["completion_logprobs"] = (rec.pack_floats(rd.logprobs)
                                     if rd.logprobs is not None and not rd.missing_logprobs

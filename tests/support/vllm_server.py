@@ -160,7 +160,8 @@ def shared_extra_eos_vllm() -> tuple[VllmServer, str]:
             with open(os.path.join(gen, "generation_config.json"), "w") as f:
                 json.dump({"eos_token_id": [2, *EXTRA_EOS_IDS], "pad_token_id": 0,
                            "max_new_tokens": EXTRA_EOS_MAX_NEW_TOKENS}, f)
-            server = start_vllm("tiny", dtype="float32", extra=("--generation-config", gen))  # a later flag wins over scripts/vllm's
+            # --generation-config: a later flag wins over scripts/vllm's own
+            server = start_vllm("tiny", dtype="float32", extra=("--generation-config", gen))
             atexit.register(stop_vllm, server)
             atexit.register(shutil.rmtree, gen, True)
             _extra_eos.append((server, gen))
