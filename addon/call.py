@@ -25,13 +25,14 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import httpx
 import orjson
 
-from . import record as rec
+from polar import records as rec
+from polar.records import FlowWriter, LowDiskSpace
+
 from . import sessions
 from .backend import Backend, BackendTimeout
 from .codecs import ROUTERS, find_route
 from .codecs.base import ChatPlan, EncodeContext, GatewayError
 from .endpoint import ClientGone, Responder
-from .record import FlowWriter, LowDiskSpace
 from .recorder import Recorder
 from .shaping import BackendInfo, Shaped, prompt_size_bound, shape
 from .stream_reader import StreamReader, classify_backend_error

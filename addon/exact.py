@@ -77,7 +77,8 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
-from . import record as rec
+from polar import records as rec
+
 from .stream_reader import StreamReader
 from .turn_index import PassStats, ReadStats, TurnIndex
 

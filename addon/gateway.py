@@ -29,13 +29,14 @@ from mitmproxy.proxy.layers import ClientTLSLayer, HttpLayer, TCPLayer, modes
 from mitmproxy.proxy.layers.http import HttpStream
 from mitmproxy.proxy.layers.tls import parse_client_hello
 
+from polar.records import FlowWriter, uuid7
+
 from . import hosts as hostlist
 from . import sessions
 from .backend import Backend
 from .call import CallSettings, PendingCall, handle_call, strip_key_param
 from .endpoint import Endpoint, Handoff, Request, Responder
 from .exact import ExactMode, TurnCache
-from .record import FlowWriter, uuid7
 from .options import BY_NAME, OPTIONS, GatewayOptions, OptionError, parse_options, take_unparseable
 from .provider_errors import unavailable
 from .confdir import secure_confdir

@@ -14,9 +14,10 @@ from __future__ import annotations
 import logging
 import time
 
-from . import record as rec
+from polar import records as rec
+from polar.records import FlowWriter
+
 from .codecs.base import GatewayError
-from .record import FlowWriter
 
 log = logging.getLogger("polar.call")
 

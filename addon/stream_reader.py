@@ -10,6 +10,14 @@ import orjson
 from .codecs.base import Completion, Delta, GatewayError, ToolCall, ToolCallDelta
 
 
+def sglext_output_ids(value: list) -> list[int]:
+    """SGLang's `sglext.output_ids`: one list per choice (0.5.23's SglExt declares List[List[int]]); the gateway asks
+    for one choice, so choice 0's. A flat list of ids (as some servers send) is taken as it is."""
+    if value and isinstance(value[0], list):
+        return list(value[0])
+    return list(value)
+
+
 class StreamReader:
     """Accumulates one backend SSE stream. feed(bytes) → the Deltas it completed; the first chunk's prompt ids are
     in .prompt_token_ids as soon as it is read.
@@ -127,7 +135,7 @@ class StreamReader:
             if ext.get("input_ids") is not None:
                 self.prompt_token_ids = list(ext["input_ids"])
             if ext.get("output_ids") is not None:
-                self.completion_token_ids = list(ext["output_ids"])
+                self.completion_token_ids = sglext_output_ids(ext["output_ids"])
 
     def _token_data(self, choice: dict) -> list[dict]:
         """The choice's sampled ids and their logprobs (one per id, else `missing_logprobs`); returns the entries."""

@@ -2,21 +2,21 @@
 turns after a restart (DESIGN §7, docs/architecture.md#exact-mode).
 
 - Built lazily, at the first `no_parent` miss, and extended at every later one (`refresh`): a file is read once,
-  from where the previous pass stopped. Closed files never change (DESIGN §5); a `.open` file is read again only
-  when it grew. A miss therefore costs a directory listing plus the bytes written since the previous miss, however
-  big the directory.
-- The index pass walks each record's top-level map and builds only the small fields it was asked for (`fields`);
-  big values are skipped unbuilt. A record is kept when `keep(fields)` says so, as (file, offset, length, t_end):
-  32 bytes, however big the record.
+  from where the previous pass stopped. Closed files never change; a `.open` file is read again only when it
+  grew. A miss therefore costs a directory listing plus the bytes written since the previous miss, however big
+  the directory.
+- The index pass skims each record (`polar.records.skim_file`): only the small fields it was asked for (`fields`)
+  are built, big values are skipped unbuilt. A record is kept when `keep(fields)` says so, as (file, offset,
+  length, t_end): 32 bytes, however big the record.
 - `session_records` reads one session's records back with positioned reads, in the order their writer wrote them
   (per writer — host and pid in the file name — by file name and offset; writers interleaved by `t_end`), and
-  rebuilds compact prompts (`record.PromptResolver`) on the way.
+  rebuilds compact prompts (`polar.records.PromptResolver`) on the way.
 - Trouble never raises out of a pass: a file that is not a flow file, undecodable bytes, a torn tail in a closed
   file are skipped from there, counted in `bad_files` and logged once; a torn tail in a `.open` file is a record
   being written, read at a later pass. A record that cannot be read back is counted in the caller's `ReadStats`.
 
-Imports: the standard library, msgpack and `record` only. Not thread-safe: one pass or read at a time (exact mode
-runs them in a worker thread under its lock).
+Imports: the standard library and `polar.records` only (flow file names, the skim and positioned reads are its).
+Not thread-safe: one pass or read at a time (exact mode runs them in a worker thread under its lock).
 """
 
 from __future__ import annotations
@@ -28,9 +28,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-import msgpack
-
-from . import record as rec
+from polar import records as rec
 
 log = logging.getLogger("polar.exact")
 
@@ -71,29 +69,10 @@ class ReadStats:
     unresolved: list[str] = field(default_factory=list)   # ids whose compact prompt could not be rebuilt
 
 
-def _stem(name: str) -> str | None:
-    for suffix in (rec.OPEN_SUFFIX, rec.FILE_SUFFIX):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return None
-
-
 def _writer(stem: str) -> str:
-    """host-pid of `flows-<stamp>-<host>-<pid>-<seq>`; a name of another shape is its own writer."""
-    parts = stem.split("-")
-    return f"{parts[2]}-{parts[3]}" if len(parts) == 5 and parts[0] == "flows" else stem
-
-
-def _small_fields(unpacker: msgpack.Unpacker, wanted: frozenset) -> dict:
-    """The wanted values of the next record's top-level map; every other value is skipped unbuilt."""
-    got = {}
-    for _ in range(unpacker.read_map_header()):
-        key = unpacker.unpack()
-        if isinstance(key, str) and key in wanted:
-            got[key] = unpacker.unpack()
-        else:
-            unpacker.skip()
-    return got
+    """host-pid of a writer's file name (`polar.records.WriterName`); a name of another shape is its own writer."""
+    name = rec.WriterName.parse(stem)
+    return name.writer if name is not None else stem
 
 
 class TurnIndex:
@@ -115,7 +94,7 @@ class TurnIndex:
         """Index what was written since the last pass. Raises OSError only when the directory cannot be listed."""
         stats = PassStats()
         for name in sorted(os.listdir(self.directory)):
-            stem = _stem(name)
+            stem = rec.flow_stem(name)
             if stem is None:
                 continue
             f = self.files.get(stem)
@@ -135,7 +114,7 @@ class TurnIndex:
             except FileNotFoundError:
                 if attempt == 2 or not f.is_open:
                     return  # deleted since the listing: nothing to read
-                f.name = f.name[: -len(".open")]  # closed by its writer since the listing
+                f.name = rec.closed_name(f.name)  # closed by its writer since the listing
             except OSError as exc:  # logged once; tried again at the next pass
                 return self._note(f, f"{f.name}: {exc.strerror or exc}")
 
@@ -151,23 +130,15 @@ class TurnIndex:
             if problem is not None:
                 return self._bad(f, problem)
         stats.files_read += 1
-        with open(path, "rb") as fh:
-            fh.seek(f.offset)
-            unpacker = msgpack.Unpacker(fh, raw=False, strict_map_key=False, read_size=1 << 20,
-                                        max_buffer_size=1 << 31)
-            start = f.offset
-            while True:
-                try:
-                    got = _small_fields(unpacker, self.fields)
-                except msgpack.OutOfData:
-                    break
-                except (msgpack.FormatError, msgpack.StackError, ValueError, TypeError) as exc:
-                    stats.bytes_read += start - f.offset
-                    f.offset = start
-                    return self._bad(f, f"{path}: undecodable bytes at offset {start}: {exc}")
-                end = f.offset + unpacker.tell()
-                stats.records_kept += self._add(f, start, end, got)
+        start = f.offset
+        try:
+            for at, end, got in rec.skim_file(path, self.fields, f.offset):
+                stats.records_kept += self._add(f, at, end, got)
                 start = end
+        except rec.Undecodable as exc:
+            stats.bytes_read += start - f.offset
+            f.offset = start
+            return self._bad(f, str(exc))
         stats.bytes_read += start - f.offset
         f.offset, f.size = start, size
         if f.is_open:
@@ -176,7 +147,7 @@ class TurnIndex:
             self._ended(f, path, size)
 
     def _ended(self, f: _File, path: str, size: int) -> None:
-        """A closed file read up to f.offset: done, and a torn tail there is an error (DESIGN §5)."""
+        """A closed file read up to f.offset: done, and a torn tail there is an error."""
         if f.offset < size:
             self._bad(f, rec.TornTail(path, f.offset, size - f.offset, False).describe())
         f.done = True
@@ -224,7 +195,7 @@ class TurnIndex:
         return [(no, offset, length) for _, offset, _, no, length in heapq.merge(*runs, key=lambda e: e[2])]
 
     def session_records(self, session, stats: ReadStats, resolver_bytes: int = 64 << 20) -> Iterator[dict]:
-        """The session's kept records, whole and checked (`record.normalize`), compact prompts rebuilt, in the
+        """The session's kept records, whole and checked (`polar.records.normalize`), compact prompts rebuilt, in the
         order of `places`. A record that cannot be read is counted in `stats` and left out."""
         resolver = rec.PromptResolver(max_bytes=resolver_bytes)
         fds: dict[int, int] = {}
@@ -249,9 +220,8 @@ class TurnIndex:
             fd = fds.get(no)
             if fd is None:
                 fd = fds[no] = self._open(f)
-            blob = os.pread(fd, length, offset)
-            return rec.normalize(msgpack.unpackb(blob, raw=False, strict_map_key=False))
-        except (OSError, ValueError, msgpack.UnpackException) as exc:
+            return rec.record_at(fd, offset, length)
+        except (OSError, *rec.RECORD_ERRORS) as exc:
             stats.unreadable.append(f"{f.name}@{offset}: {exc}")
             return None
 
@@ -261,5 +231,5 @@ class TurnIndex:
         except FileNotFoundError:
             if not f.is_open:
                 raise
-            f.name = f.name[: -len(".open")]  # closed since the last pass
+            f.name = rec.closed_name(f.name)  # closed since the last pass
             return os.open(os.path.join(self.directory, f.name), os.O_RDONLY)

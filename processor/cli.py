@@ -13,6 +13,7 @@ from polar.processor.merge import MissingEot
 from polar.processor.report import summary
 from polar.processor.rewards import RewardsError
 from polar.processor.writers import OutputError
+from polar.records import FILE_SUFFIX, OPEN_SUFFIX
 
 
 def _positive_int(text: str) -> int:
@@ -36,7 +37,7 @@ def parser() -> argparse.ArgumentParser:
         description="Rebuild token-faithful training sequences from Polar gateway flow files.",
         epilog="Exit codes: 0 ok, 2 bad input (one line on stderr naming the fix). Documented in docs/options.md and docs/merge-rules.md.")
     p.add_argument("flows", nargs="+", metavar="FLOWS",
-                   help="flow files (*.msgpack, *.msgpack.open), directories holding them, or globs; required")
+                   help=f"flow files (*{FILE_SUFFIX}, *{OPEN_SUFFIX}), directories holding them, or globs; required")
     p.add_argument("-o", "--out", required=True, metavar="OUT",
                    help="output directory; must be absent or empty unless --overwrite or --incremental; required")
     p.add_argument("--mode", choices=("prefix_merging", "per_request"), default="prefix_merging",

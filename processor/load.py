@@ -1,6 +1,6 @@
-"""Pass 1 (index) and pass 2 (load one session) over flow files (DESIGN §5, §6).
+"""Pass 1 (index) and pass 2 (load one session) over flow files (DESIGN §6).
 
-The index pass walks every record's top-level map and keeps a few small fields (session, t_start, id, file,
+The index pass skims every record (`polar.records.skim_file`) and keeps a few small fields (session, t_start, id, file,
 offset, length, plus the bits rule 5 needs as end-of-turn evidence); big values are skipped without being
 built. The load pass then reads one session's records back with positioned reads, so memory is bounded by
 the largest session (or the null-session group), not the dump.
@@ -8,7 +8,7 @@ the largest session (or the null-session group), not the dump.
 Files are ordered by name. A torn tail in a `.open` file is "in progress"; in a closed file it is an error that is
 reported, never fatal. A record with a newer schema version, or something that is not a record (a whole file of it:
 "not a flow file"), is a clear error.
-Imports: the standard library, msgpack and `polar.addon.record` only.
+Imports: the standard library and `polar.records` only.
 """
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-import msgpack
+from polar import records as rec
 
-from polar.addon import record as rec
-
-# Fields the index keeps. Everything else is skipped by the unpacker without building objects.
+# Fields the index keeps. Everything else is skipped by the skim without building objects.
 _INDEX_FIELDS = frozenset({"v", "id", "session", "t_start", "model_served", "finish_reason", "stop_reason",
                            "completion_token_ids"})
 
@@ -86,7 +84,7 @@ def _float(x: object) -> float:
 
 def scan_file(path: str, file_no: int, index: Index) -> None:
     """Index one file: append its entries and its FileScan to `index`. A file that does not start with a flow
-    record is an InputError in the record reader's own wording (`record.sniff`), not a torn tail."""
+    record is an InputError in the record reader's own wording (`polar.records.sniff`), not a torn tail."""
     scan = rec.FileScan(path, is_open=path.endswith(rec.OPEN_SUFFIX))
     try:
         problem = rec.sniff(path)
@@ -97,51 +95,34 @@ def scan_file(path: str, file_no: int, index: Index) -> None:
         raise InputError(problem)
     index.scans.append(scan)
     index.total_bytes += size
-    with open(path, "rb") as fh:
-        unpacker = msgpack.Unpacker(fh, raw=False, strict_map_key=False, read_size=1 << 20,
-                                    max_buffer_size=1 << 31)
-        start = 0
-        while start < size:
-            try:
-                n = unpacker.read_map_header()
-            except msgpack.OutOfData:
-                break
-            except (msgpack.FormatError, msgpack.StackError, ValueError) as exc:
-                # Not a map at a record boundary: garbage from here on, reported as a torn tail.
-                scan.errors.append(f"{path}: undecodable bytes at offset {start}: {exc}")
-                break
-            got: dict = {}
-            try:
-                for _ in range(n):
-                    key = unpacker.unpack()
-                    if key in _INDEX_FIELDS:
-                        got[key] = unpacker.unpack()
-                    else:
-                        unpacker.skip()
-            except msgpack.OutOfData:
-                break
-            except (msgpack.FormatError, msgpack.StackError, ValueError) as exc:
-                scan.errors.append(f"{path}: undecodable bytes at offset {start}: {exc}")
-                break
-            end = unpacker.tell()
-            _check_version(got.get("v"), f"{path} offset {start}")
-            comp = got.get("completion_token_ids")
-            last = int.from_bytes(comp[-4:], "little", signed=True) if isinstance(comp, bytes) and len(comp) >= 4 \
-                else None
-            session = got.get("session")
-            index.entries.append(IndexEntry(
-                session=session if isinstance(session, str) else None,
-                t_start=_float(got.get("t_start")),
-                id=str(got.get("id") or f"{os.path.basename(path)}@{start}"),
-                file=file_no, offset=start, length=end - start,
-                model_served=got.get("model_served"), finish_reason=got.get("finish_reason"),
-                stop_reason=_text_or_none(got.get("stop_reason")), last_completion_id=last,
-                has_completion=isinstance(comp, bytes),
-            ))
+    start = 0
+    try:
+        for at, end, got in rec.skim_file(path, _INDEX_FIELDS, stop=size):
+            index.entries.append(_entry(path, file_no, at, end, got))
             scan.records += 1
             start = end
-        if start < size:
-            scan.torn_tail = rec.TornTail(path, start, size - start, scan.is_open)
+    except rec.Undecodable as exc:
+        # Not a record at a record boundary: garbage from here on, reported as a torn tail.
+        scan.errors.append(str(exc))
+    if start < size:
+        scan.torn_tail = rec.TornTail(path, start, size - start, scan.is_open)
+
+
+def _entry(path: str, file_no: int, start: int, end: int, got: dict) -> IndexEntry:
+    """The index entry of the record skimmed at [start, end) of `path`; InputError for a version it cannot read."""
+    _check_version(got.get("v"), f"{path} offset {start}")
+    comp = got.get("completion_token_ids")
+    last = int.from_bytes(comp[-4:], "little", signed=True) if isinstance(comp, bytes) and len(comp) >= 4 else None
+    session = got.get("session")
+    return IndexEntry(
+        session=session if isinstance(session, str) else None,
+        t_start=_float(got.get("t_start")),
+        id=str(got.get("id") or f"{os.path.basename(path)}@{start}"),
+        file=file_no, offset=start, length=end - start,
+        model_served=got.get("model_served"), finish_reason=got.get("finish_reason"),
+        stop_reason=_text_or_none(got.get("stop_reason")), last_completion_id=last,
+        has_completion=isinstance(comp, bytes),
+    )
 
 
 def build_index(inputs: Iterable[str], progress: Callable[[int, int], None] | None = None) -> Index:
@@ -167,21 +148,14 @@ class RecordSource:
 
     def __init__(self, files: list[str]):
         self.files = files
-        self._fds: dict[int, int] = {}
-
-    def _fd(self, file_no: int) -> int:
-        fd = self._fds.get(file_no)
-        if fd is None:
-            fd = self._fds[file_no] = os.open(self.files[file_no], os.O_RDONLY)
-        return fd
+        self._records = rec.RecordFiles()
 
     def read(self, entry: IndexEntry) -> dict:
-        """The whole record of `entry`, checked and filled by record.normalize()."""
-        blob = os.pread(self._fd(entry.file), entry.length, entry.offset)
+        """The whole record of `entry`, checked and filled by polar.records.normalize(). OSError when the file
+        cannot be read; InputError when its bytes there are not a record this reader can read."""
         try:
-            obj = msgpack.unpackb(blob, raw=False, strict_map_key=False)
-            return rec.normalize(obj)
-        except (rec.SchemaError, ValueError, msgpack.UnpackException) as exc:
+            return self._records.read(self.files[entry.file], entry.offset, entry.length)
+        except rec.RECORD_ERRORS as exc:
             raise InputError(f"{self.files[entry.file]} offset {entry.offset}: {exc}") from exc
 
     def load(self, entries: list[IndexEntry]) -> list[tuple[IndexEntry, dict]]:
@@ -191,9 +165,7 @@ class RecordSource:
         return [(e, resolver.resolve(self.read(e))) for e in entries]
 
     def close(self) -> None:
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
+        self._records.close()
 
 
 def _text_or_none(value) -> str | None:

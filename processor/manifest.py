@@ -34,7 +34,7 @@ import numpy as np
 import orjson
 import polars as pl
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.processor import rewards as rw
 from polar.processor.engine import Engine, GroupProducts, Settings
 from polar.processor.load import Index, IndexEntry, InputError

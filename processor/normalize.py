@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import orjson
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.processor.load import InputError
 
 _I32 = np.dtype("<i4")

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, replace
 
 import orjson
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.processor import eot as eotmod
 from polar.processor import manifest as mf
 from polar.processor import rewards as rw

@@ -1,22 +1,20 @@
 """How each of the five agent CLIs is run, unmodified, through the Polar proxy: argv and environment per CLI (the
 session as proxy user name, CA trust, a dummy key in the variable it really sends, quiet non-interactive settings).
 
-One copy, two users: `scripts/run-agent` (a person at a shell) and `polar-rollout` (K samples in sandboxes). Standard
-library only — scripts/run-agent loads this file by its path, with whatever python3 runs it.
+One copy, two users: `scripts/run-agent` (a person at a shell) and `polar-rollout` (K samples in sandboxes). The
+standard library and `polar.records` (session ids are its `uuid7`) only; the CA bundle the CLIs trust is
+`polar.launch.ca`'s.
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
-import ssl
-import time
-import uuid
 from urllib.parse import quote, urlsplit, urlunsplit
 
-SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
+from polar.records import uuid7  # noqa: F401 — session ids: the project's one UUIDv7
+
 HARNESSES = ("claude-code", "codex", "gemini-cli", "qwen-code", "pi")
 BINARIES = {"claude-code": "claude", "codex": "codex", "gemini-cli": "gemini", "qwen-code": "qwen", "pi": "pi"}
 # The variable each CLI really sends as its key (Codex ignores OPENAI_API_KEY).
@@ -30,47 +28,6 @@ DROP_VARS = ("ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_BEDROCK_BA
 # Variables that would move a CLI's state out of the HOME it is given (one HOME per sample).
 HOME_VARS = ("NO_PROXY", "no_proxy", "CODEX_HOME", "GEMINI_CLI_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
              "XDG_CACHE_HOME", "XDG_STATE_HOME", "PI_CODING_AGENT_DIR")
-
-
-def uuid7() -> str:
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
-    value = (ms << 80) | (0x7 << 76) | ((rand >> 68) & 0xFFF) << 64 | (0b10 << 62) | (rand & ((1 << 62) - 1))
-    return str(uuid.UUID(int=value))
-
-
-def system_bundle() -> str | None:
-    paths = ssl.get_default_verify_paths()
-    for path in (paths.openssl_cafile, paths.cafile, *SYSTEM_BUNDLES):
-        if path and os.path.isfile(path):
-            return path
-    return None
-
-
-def bundle_bytes(ca_pem: str) -> bytes:
-    """The system CAs plus ours (for variables that REPLACE the default store, like SSL_CERT_FILE)."""
-    with open(ca_pem, "rb") as fh:
-        ours = fh.read()
-    sysb = system_bundle()
-    system = b""
-    if sysb:
-        with open(sysb, "rb") as fh:
-            system = fh.read().rstrip() + b"\n"
-    return system + ours
-
-
-def combined_bundle(ca_pem: str, out_dir: str) -> str:
-    """`bundle_bytes` written once per content as `out_dir/ca-bundle-<hash>.pem`; returns its path."""
-    data = bundle_bytes(ca_pem)
-    digest = hashlib.sha256(data).hexdigest()[:16]
-    os.makedirs(out_dir, exist_ok=True)
-    out = os.path.join(out_dir, f"ca-bundle-{digest}.pem")
-    if not os.path.isfile(out):
-        tmp = f"{out}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, out)
-    return out
 
 
 def proxy_with_session(url: str, session: str) -> str:
@@ -88,12 +45,13 @@ def npm_bin_dir(npm_dir: str) -> str:
     return os.path.join(npm_dir, "node_modules", ".bin")
 
 
-def find_binary(name: str, default_npm_dir: str) -> str | None:
-    """The CLI in $POLAR_NPM_DIR (else `default_npm_dir`)/node_modules/.bin, then on PATH."""
-    prefix = os.environ.get("POLAR_NPM_DIR") or default_npm_dir
-    local = os.path.join(npm_bin_dir(prefix), name)
-    if os.access(local, os.X_OK):
-        return local
+def find_binary(name: str, npm_dir: str | os.PathLike | None) -> str | None:
+    """The CLI in `npm_dir`/node_modules/.bin (`polar.launch.paths.npm_dir()`: --npm-dir, $POLAR_NPM_DIR, the
+    checkout's), then on PATH."""
+    if npm_dir:
+        local = os.path.join(npm_bin_dir(str(npm_dir)), name)
+        if os.access(local, os.X_OK):
+            return local
     return shutil.which(name)
 
 

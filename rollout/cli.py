@@ -58,8 +58,15 @@ def parser() -> argparse.ArgumentParser:
     src.add_argument("--upstream", metavar="URL",
                      help="OpenAI /v1 base URL of vLLM or SGLang: the runner starts its own proxy, flows in RUN/flows")
     src.add_argument("--proxy-json", metavar="FILE",
-                     help="a running proxy's run file (scripts/proxy start) (default: .cache/run/proxy.json if "
-                          "present, else --upstream from .cache/run/vllm.json)")
+                     help="a running proxy's run file (polar-proxy start) (default: the run dir's proxy.json if "
+                          "present, else --upstream from its vllm.json; the run dir: $POLAR_RUN_DIR, else the "
+                          "checkout's .cache/run)")
+    p.add_argument("--confdir", metavar="DIR",
+                   help="the CA directory of the proxy the runner starts (--upstream); a new CA is made there when "
+                        "it has none (default: $POLAR_CONFDIR, else the checkout's certs/)")
+    p.add_argument("--npm-dir", metavar="DIR",
+                   help="the agent CLIs' npm prefix, DIR/node_modules/.bin (default: $POLAR_NPM_DIR, else the "
+                        "checkout's .cache/npm; then PATH)")
     p.add_argument("--run-id", metavar="ID", help="the run id that starts every session (default: a new UUIDv7)")
     p.add_argument("--resume", action="store_true",
                    help="continue the run in RUN: rerun samples without a result, cancelled ones, and infra_error "
@@ -93,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         proxy_json=args.proxy_json, run_id=args.run_id, resume=args.resume, retry_infra=args.retry_infra or 0,
         no_process=args.no_process, process_opt=list(args.process_opt), sft_min_reward=args.sft_min_reward,
         skip_preflight=args.skip_preflight, engine=args.engine, ray_address=args.ray_address,
-        progress=args.progress)
+        progress=args.progress, confdir=args.confdir, npm_dir=args.npm_dir)
     try:
         return runner.main(opts)
     except KeyboardInterrupt:

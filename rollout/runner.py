@@ -43,25 +43,24 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
 import threading
 import time
 import traceback
-import urllib.error
-import urllib.request
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 from urllib.parse import quote
 
-from polar.addon import record as rec
+from polar import records as rec
+from polar.launch import ca, paths, process, runfiles
+from polar.launch import proxy as launch_proxy
+from polar.launch.runfiles import ProxyRunFile, RunFileError, VllmRunFile
 from polar.rollout import agents as agentlib
 
-ROOT = Path(__file__).resolve().parent.parent  # the repository (scripts/proxy, certs/, .cache/)
 VERSION = 1
 RESULT_FIELDS = ("run_id", "session", "group", "task", "k", "attempt", "agent", "sandbox", "status", "reward",
                  "reward_details", "agent_exit", "calls", "trainable_tokens", "t_start", "t_end", "timings", "error")
@@ -136,51 +135,23 @@ def tail(path: Path, n: int = 800) -> str:
         return ""
 
 
-def is_alive(pid: int | None) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie is not alive
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return True
+is_alive = process.alive  # a zombie is not alive
 
 
 def is_our_proxy(pid: int | None) -> bool:
-    if not is_alive(pid):
-        return False
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as fh:
-            return b"polar_addon.py" in fh.read()
-    except OSError:
-        return False
+    return process.is_ours(pid, process.PROXY_MARKER)
 
 
 def stop_process_group(pid: int, grace: float = 5.0) -> None:
     """SIGTERM the process group led by `pid` (a proxy: it closes and renames its flow files), SIGKILL after `grace`."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except (ProcessLookupError, PermissionError):
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not is_alive(pid):
-            return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
+    process.kill_group(pid, grace)
 
 
-def kill_children() -> None:
-    """SIGKILL the process group of every child of this process: each sandbox is a session of its own (the sandbox
-    module starts them with start_new_session), so this ends every running sample at once."""
-    me = os.getpid()
+def kill_children(spare: Iterable[int] = ()) -> None:
+    """SIGKILL the process group of every child of this process but `spare`: each sandbox is a session of its own
+    (the sandbox module starts them with start_new_session), so this ends every running sample at once. The
+    runner's own proxy is a child too, spared: it must close its flow files on a clean stop."""
+    me, spare = os.getpid(), set(spare)
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -189,7 +160,7 @@ def kill_children() -> None:
                 ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
             continue
-        if ppid == me:
+        if ppid == me and int(entry) not in spare:
             pid = int(entry)
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if os.getpgid(pid) == pid:
@@ -214,35 +185,10 @@ def remove_containers(run_id: str) -> int:
         return 0
 
 
-_FLOW_NAME = re.compile(r"^flows-(?P<stamp>[^-]+)-(?P<host>.+)-(?P<pid>\d+)-(?P<seq>\d+)\.msgpack\.open$")
-
-
 def close_dead_writers(flows: Path) -> list[str]:
-    """Rename the `.open` files of writers that are gone (this host, pid not a live proxy) to `.msgpack`, cut back to
-    their last whole record (FlowWriter's name: flows-<UTC>-<host>-<pid>-<seq>.msgpack.open). Returns their names."""
-    host = socket.gethostname().replace("-", "_").replace("/", "_") or "host"
-    closed = []
-    if not flows.is_dir():
-        return closed
-    for path in sorted(flows.iterdir()):
-        m = _FLOW_NAME.match(path.name)
-        if not m or m.group("host") != host or is_our_proxy(int(m.group("pid"))):
-            continue
-        scan = rec.FileScan(str(path))
-        end = 0
-        try:
-            for offset, _ in rec.iter_file(str(path), scan, raw=True):
-                end = offset
-            if scan.records:
-                # the end of the last whole record: the torn tail (if any) starts there
-                end = scan.torn_tail.offset if scan.torn_tail is not None else path.stat().st_size
-            if scan.torn_tail is not None:
-                os.truncate(path, end if scan.records else 0)
-        except (OSError, rec.SchemaError):
-            continue
-        os.replace(path, path.with_name(path.name[: -len(".open")]))
-        closed.append(path.name)
-    return closed
+    """Close the `.open` files of writers that are gone (this host, pid not a live proxy): cut back to their last
+    whole record and renamed to `.msgpack` (`polar.records.close_dead_writers`). Returns their names."""
+    return rec.close_dead_writers(str(flows), alive=is_our_proxy)
 
 
 # ------------------------------------------------------------------------------------------------ flow counting
@@ -819,17 +765,7 @@ def _proxy_hint(ctx: SampleContext) -> str:
 
 def probe_ready(port: int, timeout: float = 3.0) -> dict | None:
     """The gateway's readiness answer (`http://polar.gateway/ready` through the proxy), or None."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": f"http://127.0.0.1:{port}"}))
-    try:
-        with opener.open("http://polar.gateway/ready", timeout=timeout) as resp:
-            return json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            return json.loads(exc.read())
-        except ValueError:
-            return None
-    except Exception:  # noqa: BLE001 — refused, reset, timed out: no answer
-        return None
+    return launch_proxy.health(port, timeout)
 
 
 # ------------------------------------------------------------------------------------------------ options
@@ -859,12 +795,14 @@ class Options:
     engine: str | None = None  # None: local (or the resumed run's)
     ray_address: str | None = None
     progress: bool | None = None
+    confdir: str | None = None  # None: polar.launch.paths.confdir (outside a checkout, $POLAR_CONFDIR)
+    npm_dir: str | None = None  # None: polar.launch.paths.npm_dir (outside a checkout, $POLAR_NPM_DIR)
 
 
 # Options a resumed run must keep (its identity), and the ones it takes from run.json unless given again.
 IDENTITY = ("tasks", "agent", "samples", "sandbox")
 REUSED = ("parallel", "image", "model", "agent_timeout", "verify_timeout", "proxy_set", "upstream", "proxy_json",
-          "retry_infra", "no_process", "process_opt", "sft_min_reward", "engine", "ray_address")
+          "retry_infra", "no_process", "process_opt", "sft_min_reward", "engine", "ray_address", "confdir", "npm_dir")
 
 
 # ------------------------------------------------------------------------------------------------ the proxy
@@ -877,7 +815,7 @@ class Proxy:
     flows: str
     own: bool
     pid: int | None = None
-    run_dir: str | None = None  # scripts/proxy's --run-dir (own proxy)
+    run_dir: str | None = None  # the own proxy's run directory (RUN/proxy)
     info: dict = field(default_factory=dict)
 
     def describe(self) -> dict:
@@ -885,27 +823,20 @@ class Proxy:
                 "ca_pem": self.ca_pem, "ca_bundle": self.ca_bundle}
 
 
-def start_proxy(run_dir: Path, upstream: str, sets: list[str], session: str) -> Proxy:
-    script = ROOT / "scripts" / "proxy"
-    if not script.is_file():
-        raise UsageError(f"--upstream needs the repository's scripts/proxy ({script} is missing); start a proxy "
-                         f"yourself and pass --proxy-json FILE")
+def start_proxy(run_dir: Path, upstream: str, sets: list[str], confdir: str | None = None) -> Proxy:
+    """The runner's own proxy: run file, logs and CA bundle in RUN/proxy, flows in RUN/flows. It is a child of this
+    process (in its own process group), so `kill_children` must spare it."""
     pdir = run_dir / "proxy"
-    cmd = [sys.executable, str(script), "start", "--upstream", upstream, "--flows", str(run_dir / "flows"),
-           "--run-dir", str(pdir), "--session", session]
-    for item in sets:
-        cmd += ["--set", item]
-    env = {k: v for k, v in os.environ.items() if k not in ("HTTPS_PROXY", "https_proxy")}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
-    if proc.returncode != 0:
-        lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-        raise UsageError(f"the proxy did not start ({' | '.join(lines[-3:]) or f'exit {proc.returncode}'})")
-    for line in proc.stderr.splitlines():
-        if line.startswith("warning:"):
-            print(f"polar-rollout: {line}", file=sys.stderr)
-    state = read_json(pdir / "proxy.json")
-    return Proxy(port=state["port"], ca_pem=state["ca_pem"], ca_bundle=state["ca_bundle"], flows=state["flows"],
-                 own=True, pid=state["pid"], run_dir=str(pdir))
+    try:
+        started = launch_proxy.start(upstream, flows=run_dir / "flows", run_dir=pdir, sets=sets, confdir=confdir)
+    except launch_proxy.ProxyError as exc:
+        lines = [ln for ln in str(exc).splitlines() if ln.strip()]
+        raise UsageError(f"the proxy did not start ({' | '.join(lines[-3:]) or f'exit {exc.code}'})") from None
+    for line in started.notes:
+        print(f"polar-rollout: {line.lstrip('# ')}", file=sys.stderr)
+    s = started.state
+    return Proxy(port=s.port, ca_pem=s.ca_pem, ca_bundle=s.ca_bundle, flows=s.flows, own=True, pid=s.pid,
+                 run_dir=str(pdir))
 
 
 def stop_proxy(proxy: Proxy | None) -> None:
@@ -913,23 +844,23 @@ def stop_proxy(proxy: Proxy | None) -> None:
         return
     if is_our_proxy(proxy.pid):
         stop_process_group(proxy.pid)
-    with contextlib.suppress(OSError):
-        (Path(proxy.run_dir) / "proxy.json").unlink()
+    if proxy.run_dir:
+        runfiles.remove(paths.proxy_run_file(proxy.run_dir))
 
 
 def external_proxy(path: Path) -> Proxy:
     try:
-        state = read_json(path)
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"--proxy-json {path}: cannot read it ({exc})") from None
-    try:
-        proxy = Proxy(port=int(state["port"]), ca_pem=state["ca_pem"], ca_bundle=state.get("ca_bundle") or "",
-                      flows=state["flows"], own=False, pid=state.get("pid"))
-    except (KeyError, TypeError, ValueError):
-        raise UsageError(f"--proxy-json {path}: not a proxy run file of scripts/proxy (needs port, ca_pem, "
-                         f"flows)") from None
+        state = ProxyRunFile.read(path)
+    except RunFileError as exc:
+        raise UsageError(f"--proxy-json {path}: not a proxy run file of polar-proxy ({exc})") from None
+    if state is None:
+        raise UsageError(f"--proxy-json {path}: cannot read it (no such file)")
+    if state.port is None or not state.ca_pem or not state.flows:
+        raise UsageError(f"--proxy-json {path}: not a proxy run file of polar-proxy (needs port, ca_pem, flows)")
+    proxy = Proxy(port=state.port, ca_pem=state.ca_pem, ca_bundle=state.ca_bundle or "", flows=state.flows,
+                  own=False, pid=state.pid)
     if not proxy.ca_bundle or not os.path.isfile(proxy.ca_bundle):
-        proxy.ca_bundle = agentlib.combined_bundle(proxy.ca_pem, str(Path(path).parent))
+        proxy.ca_bundle = ca.bundle(proxy.ca_pem, str(Path(path).parent))
     return proxy
 
 
@@ -1103,7 +1034,7 @@ class Runner:
         if o.resume:
             self._clean_dead_attempt()
         else:
-            from polar.rollout.agents import uuid7
+            from polar.records import uuid7
 
             run_id = o.run_id or uuid7()
             if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}", run_id):
@@ -1215,8 +1146,8 @@ class Runner:
         if prev.get("own") and is_our_proxy(prev.get("pid")):
             stop_process_group(prev["pid"])
             self.notes.append(f"stopped the previous attempt's proxy (pid {prev['pid']}, port {prev.get('port')})")
-            with contextlib.suppress(OSError, TypeError):
-                (Path(prev["run_dir"]) / "proxy.json").unlink()
+            if prev.get("run_dir"):
+                runfiles.remove(paths.proxy_run_file(prev["run_dir"]))
         if self.opts.sandbox == "docker":
             n = remove_containers(self.run_doc["run_id"])
             if n:
@@ -1260,24 +1191,22 @@ class Runner:
     def _start_proxy(self) -> None:
         o = self.opts
         boxed = o.sandbox != "none"
-        run_id = self.run_doc["run_id"]
         upstream, proxy_json = o.upstream, o.proxy_json
         if not upstream and not proxy_json:
-            default = ROOT / ".cache" / "run" / "proxy.json"
-            vllm = ROOT / ".cache" / "run" / "vllm.json"
+            default, vllm = paths.proxy_run_file(), paths.vllm_run_file()
             if default.is_file():
                 proxy_json = str(default)
             elif vllm.is_file():
-                with contextlib.suppress(OSError, ValueError, KeyError):
-                    upstream = read_json(vllm)["base_url"]
+                with contextlib.suppress(RunFileError, AttributeError):
+                    upstream = VllmRunFile.read(vllm).base_url
             if not upstream and not proxy_json:
                 raise UsageError("no model backend: pass --upstream URL (an OpenAI /v1 base URL of vLLM or SGLang; "
-                                 "the runner starts its proxy) or --proxy-json FILE (a running scripts/proxy)")
+                                 "the runner starts its proxy) or --proxy-json FILE (a running polar-proxy)")
         if upstream:
             sets = list(o.proxy_set)
             if boxed and not any(s.split("=", 1)[0].strip() == "polar_other_hosts" for s in sets):
                 sets.append("polar_other_hosts=refuse")
-            self.proxy = start_proxy(self.run_dir, upstream, sets, f"{run_id}/{PREFLIGHT}/0")
+            self.proxy = start_proxy(self.run_dir, upstream, sets, o.confdir)
         else:
             self.proxy = external_proxy(Path(proxy_json))
         info = probe_ready(self.proxy.port)
@@ -1300,12 +1229,14 @@ class Runner:
     def _context(self) -> SampleContext:
         o, p = self.opts, self.proxy
         assert p is not None and self.agent is not None
-        npm = os.environ.get("POLAR_NPM_DIR") or str(ROOT / ".cache" / "npm")
+        npm = paths.npm_dir(o.npm_dir)
+        if npm is None and self.agent.kind != "python" and o.sandbox != "none":  # the sandbox mounts it
+            raise UsageError(f"--agent {o.agent}: {paths.missing('npm_dir')}")
         return SampleContext(
             run_id=self.run_doc["run_id"], run_dir=str(self.run_dir), agent=self.agent, sandbox=o.sandbox,
             image=o.image or "polar-sandbox:1", model=o.model, proxy_port=p.port, ca_pem=p.ca_pem,
-            ca_bundle=p.ca_bundle, flows=p.flows, venv=sys.prefix, npm_dir=npm, agent_timeout=o.agent_timeout,
-            verify_timeout=o.verify_timeout)
+            ca_bundle=p.ca_bundle, flows=p.flows, venv=sys.prefix, npm_dir=str(npm or ""),
+            agent_timeout=o.agent_timeout, verify_timeout=o.verify_timeout)
 
     # -- preflight ------------------------------------------------------------------------------------------------
     def _preflight(self) -> None:
@@ -1647,7 +1578,7 @@ def _ray_sample(ctx: SampleContext, job: SampleJob) -> dict:
 
 
 def _cancel_sandboxes(ctx: SampleContext) -> None:
-    kill_children()
+    kill_children(spare=launch_proxy.started_pids())
     if ctx.sandbox == "docker":
         remove_containers(ctx.run_id)
 

@@ -6,7 +6,12 @@
 `anthropic.Anthropic(api_key="sk-test")`, `openai.OpenAI(api_key="sk-test")`, `genai.Client(api_key="k")`.
 Another session: `gateway.apply_env(monkeypatch, "s2")`. Without the environment, tests/support/sdk.py builds the
 same clients for one gateway and session; tests/support/records.py and servers.py hold the record helpers and the
-server lifecycle (ports, waiting, readiness) the suites share."""
+server lifecycle (ports, waiting, readiness) the suites share.
+
+The reroute slice: a test marked `reroute` runs twice, `[diverted]` through the session's gateway and `[rerouted]`
+through a second one started with `polar_divert=false`, so that the request-hook path (mitmproxy's HTTPFlow, which
+the diverted default never takes) meets real mitmdump in every run, CI's included. `gateway.divert` says which it
+got. With POLAR_TEST_DIVERT=0 the whole suite is already rerouted and the slice is not doubled."""
 
 from __future__ import annotations
 
@@ -18,6 +23,17 @@ from tests.support.gateway import ROOT, GatewayHandle, start_gateway
 
 TOKENIZER_DIR = os.path.join(ROOT, ".cache", "models", "tokenizer")
 CAPTURES_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "captures"))
+WHOLE_SUITE_REROUTED = os.environ.get("POLAR_TEST_DIVERT") == "0"  # tests/support/gateway.py sets it on every start
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "reroute: also run through a polar_divert=false gateway (the request hook)")
+
+
+def pytest_generate_tests(metafunc):
+    if metafunc.definition.get_closest_marker("reroute") and "gateway" in metafunc.fixturenames \
+            and not WHOLE_SUITE_REROUTED:
+        metafunc.parametrize("gateway", ["diverted", "rerouted"], indirect=True)
 
 
 @pytest.fixture(scope="session")
@@ -53,13 +69,27 @@ def upstream(_upstream_server):
 def _gateway_server(_upstream_server, tmp_path_factory) -> GatewayHandle:
     base = tmp_path_factory.mktemp("gateway")
     with start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows")) as handle:
+        handle.divert = not WHOLE_SUITE_REROUTED
+        yield handle
+
+
+@pytest.fixture(scope="session")
+def _rerouted_gateway_server(_upstream_server, tmp_path_factory) -> GatewayHandle:
+    """The reroute slice's gateway: the same upstream, every provider call through the request hook."""
+    base = tmp_path_factory.mktemp("gateway-rerouted")
+    with start_gateway(_upstream_server.base_url, str(base / "run"), str(base / "flows"),
+                       sets=["polar_divert=false"]) as handle:
+        handle.divert = False
         yield handle
 
 
 @pytest.fixture
-def gateway(_gateway_server, upstream) -> GatewayHandle:
-    _gateway_server.mark()
-    return _gateway_server
+def gateway(request, upstream) -> GatewayHandle:
+    """The session's gateway, or for a `reroute` test's `[rerouted]` run the polar_divert=false one."""
+    path = getattr(request, "param", "diverted")
+    handle = request.getfixturevalue("_rerouted_gateway_server" if path == "rerouted" else "_gateway_server")
+    handle.mark()
+    return handle
 
 
 @pytest.fixture

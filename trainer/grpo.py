@@ -12,16 +12,25 @@ loss = −Σ_t m_t · w_t · min(r_t·A_t, clip(r_t, 1−ε, 1+ε)·A_t) / Σ_t 
 Gradients accumulate over the micro-batches (each backward divides by the step's Σ m, known before the first), then
 AdamW steps once. `policy_gradient` is the same without the optimizer step (for the per_request/prefix_merging
 equality check).
+
+`grpo_update` is the PPO-style form polar-train uses: the rollout batch's sequences are shuffled (seeded) and cut into
+`mini_batches` parts, and each part is one optimizer step (the loss above over that part's tokens), `epochs` times
+over: M·E updates per rollout batch. π_old stays the recorded logprobs throughout, so from the second update on the
+ratio moves away from 1 and the clip starts to matter. M = E = 1 is `grpo_step`. It also reports, from the forward
+passes it does anyway, the mean token entropy of the policy on trainable tokens and — given a frozen `reference`
+model (the initial policy) — the k3 estimate of KL(π‖π_ref), both measured at the first update's forward, i.e. on
+the policy that sampled the batch.
 """
 
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import asdict, dataclass, field
 
 import torch
-from polar.trainer.loader import MicroBatch, MicroBatches
+from polar.trainer.loader import MicroBatch, MicroBatches, Selection
 from polar.trainer.recompute import token_logprobs
 
 
@@ -48,6 +57,11 @@ class StepMetrics:
     seconds: float = 0.0
     tokens_per_s: float | None = None
     grad_norm: float | None = None
+    updates: int = 0  # optimizer steps taken
+    sequences: int = 0
+    response_len: float | None = None  # trainable tokens per sequence
+    entropy: float | None = None  # mean token entropy (nats) of the policy on trainable tokens, first forward
+    kl_initial: float | None = None  # k3 estimate of KL(π‖π_ref) on trainable tokens, first forward
     left_out: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
 
@@ -83,8 +97,23 @@ def token_terms(logprobs: torch.Tensor, mb: MicroBatch, config: GrpoConfig) -> t
     return terms, stats
 
 
-def _accumulate(model, batches: MicroBatches, config: GrpoConfig) -> StepMetrics:
-    """Forward and backward over every micro-batch, gradients summed into .grad (zeroed first)."""
+def logprobs_and_entropy(model, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """recompute.token_logprobs (the same arithmetic, so the on-policy ratio stays exactly 1) and, without gradient,
+    each position's entropy of the next-token distribution (position t: the distribution token t was drawn from)."""
+    out = model(**mb.model_inputs(), use_cache=False)
+    logits = out.logits[:, :-1].float()
+    lse = torch.logsumexp(logits, dim=-1)
+    picked = logits.gather(-1, mb.input_ids[:, 1:, None]).squeeze(-1) - lse
+    with torch.no_grad():
+        ent = lse - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+    pad = torch.nn.functional.pad
+    return pad(picked, (1, 0)), pad(ent, (1, 0))
+
+
+def _accumulate(model, batches: MicroBatches, config: GrpoConfig, *, measure: bool = False,
+                reference=None) -> StepMetrics:
+    """Forward and backward over every micro-batch, gradients summed into .grad (zeroed first). `measure`: also the
+    policy's mean token entropy and, with `reference`, the k3 KL to it (trainable tokens)."""
     model.zero_grad(set_to_none=True)
     total = batches.counts["tokens_trainable"]
     m = StepMetrics(tokens_forward=batches.counts["tokens_forward"], tokens_trainable=total,
@@ -94,8 +123,20 @@ def _accumulate(model, batches: MicroBatches, config: GrpoConfig) -> StepMetrics
         m.notes.append("no trainable tokens: nothing to step")
         return m
     ratio_sum, ratio_max = 0.0, -math.inf
+    ent_sum, kl_sum = 0.0, 0.0
     for i, mb in enumerate(batches):
-        terms, st = token_terms(token_logprobs(model, **mb.model_inputs()), mb, config)
+        if measure:
+            logprobs, ent = logprobs_and_entropy(model, mb)
+            on = mb.loss_mask > 0
+            ent_sum += float(ent[on].sum())
+            if reference is not None:
+                with torch.no_grad():
+                    ref = token_logprobs(reference, **mb.model_inputs())
+                    d = (ref - logprobs.detach())[on]  # log π_ref − log π on tokens drawn from π
+                    kl_sum += float((torch.exp(d) - d - 1).sum())
+        else:
+            logprobs = token_logprobs(model, **mb.model_inputs())
+        terms, st = token_terms(logprobs, mb, config)
         loss = terms.sum() / total  # the step's Σ mask, not this micro-batch's
         if st["n"]:
             loss.backward()
@@ -107,6 +148,9 @@ def _accumulate(model, batches: MicroBatches, config: GrpoConfig) -> StepMetrics
         m.clip_share += st["clipped"] / total
         m.tis_share += st["truncated"] / total
     m.ratio_mean, m.ratio_max = ratio_sum / total, ratio_max
+    if measure:
+        m.entropy = ent_sum / total
+        m.kl_initial = kl_sum / total if reference is not None else None
     return m
 
 
@@ -138,4 +182,85 @@ def grpo_step(model, optimizer: torch.optim.Optimizer, batches: MicroBatches,
         optimizer.zero_grad(set_to_none=True)
     m.seconds = time.perf_counter() - started
     m.tokens_per_s = m.tokens_forward / m.seconds if m.seconds > 0 else None
+    return m
+
+
+@torch.no_grad()
+def _measure(model, batches: MicroBatches, reference=None) -> tuple[float | None, float | None]:
+    """(mean token entropy, k3 KL to `reference` or None) over the trainable tokens of `batches`, no gradient."""
+    total, ent_sum, kl_sum = batches.counts["tokens_trainable"], 0.0, 0.0
+    if not total:
+        return None, None
+    for mb in batches:
+        logprobs, ent = logprobs_and_entropy(model, mb)
+        on = mb.loss_mask > 0
+        ent_sum += float(ent[on].sum())
+        if reference is not None:
+            d = (token_logprobs(reference, **mb.model_inputs()) - logprobs)[on]
+            kl_sum += float((torch.exp(d) - d - 1).sum())
+    return ent_sum / total, (kl_sum / total if reference is not None else None)
+
+
+def split(batches: MicroBatches, parts: int, rng: random.Random) -> list[MicroBatches]:
+    """The batch's sequences shuffled by `rng` and cut into `parts` (≤ the number of sequences) mini-batches, each
+    re-grouped into micro-batches the way `batches` was."""
+    seqs = [s for g in batches.groups for s in g]
+    rng.shuffle(seqs)
+    parts = max(1, min(parts, len(seqs)))
+    cuts = [round(i * len(seqs) / parts) for i in range(parts + 1)]
+    counts = {k: v for k, v in batches.counts.items() if "left_out" in k or "unknown" in k}
+    return [MicroBatches(Selection(seqs[a:b], dict(counts), []), batches.max_tokens, batches.layout)
+            for a, b in zip(cuts, cuts[1:])]
+
+
+def grpo_update(model, optimizer: torch.optim.Optimizer, batches: MicroBatches, config: GrpoConfig = GrpoConfig(),
+                *, mini_batches: int = 1, epochs: int = 1, seed: int = 0, reference=None) -> StepMetrics:
+    """`epochs` passes over the batch, each cut into `mini_batches` shuffled parts, one optimizer step per part (see
+    the module docstring). Metrics: loss, ratios and shares are token-weighted over every update; first_ratio_max_dev
+    is the first update's first micro-batch (on-policy: ≈ 0); entropy and kl_initial are from the first update's
+    forward; grad_norm is the mean over updates."""
+    model.eval()  # no dropout: π_old came from a sampler without any
+    started = time.perf_counter()
+    total = batches.counts["tokens_trainable"]
+    n_seqs = sum(len(g) for g in batches.groups)
+    m = StepMetrics(tokens_forward=batches.counts["tokens_forward"], tokens_trainable=total,
+                    micro_batches=len(batches), notes=list(batches.notes), sequences=n_seqs,
+                    response_len=total / n_seqs if n_seqs else None,
+                    left_out={k: v for k, v in batches.counts.items() if "left_out" in k or "unknown" in k})
+    if total == 0:
+        m.notes.append("no trainable tokens: nothing to step")
+        return m
+    rng = random.Random(seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    seen, ratio_sum, norms, loss_sum = 0, 0.0, [], 0.0
+    m.ratio_max = -math.inf
+    for epoch in range(epochs):
+        parts = [batches] if mini_batches == 1 else split(batches, mini_batches, rng)
+        for part in parts:
+            n = part.counts["tokens_trainable"]
+            if n == 0:
+                continue
+            first = m.updates == 0
+            if first and mini_batches > 1:  # entropy and KL over the whole batch, before any update
+                m.entropy, m.kl_initial = _measure(model, batches, reference)
+            um = _accumulate(model, part, config, measure=first and mini_batches == 1, reference=reference)
+            if first:
+                m.first_ratio_max_dev = um.first_ratio_max_dev
+                if mini_batches == 1:
+                    m.entropy, m.kl_initial = um.entropy, um.kl_initial
+            norms.append(float(torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm or math.inf)))
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            m.updates += 1
+            seen += n
+            loss_sum += um.loss * n
+            ratio_sum += um.ratio_mean * n
+            m.ratio_max = max(m.ratio_max, um.ratio_max if um.ratio_max is not None else -math.inf)
+            m.clip_share += um.clip_share * n
+            m.tis_share += um.tis_share * n
+    m.loss, m.ratio_mean = loss_sum / seen, ratio_sum / seen
+    m.clip_share, m.tis_share = m.clip_share / seen, m.tis_share / seen
+    m.grad_norm = sum(norms) / len(norms)
+    m.seconds = time.perf_counter() - started
+    m.tokens_per_s = m.tokens_forward * m.updates / mini_batches / m.seconds if m.seconds > 0 else None
     return m

@@ -71,13 +71,13 @@ class CallInfo:
 def _record_fields(rec: dict) -> dict:
     """The call fields a flow record holds: sampling as sent, `constrained` (older records: the one rule applied to
     `upstream_request`), `weight_version`."""
-    from polar.addon import record
+    from polar import records
 
     sampling = rec.get("sampling") or {}
     constrained = rec.get("constrained")
     if constrained is None and rec.get("upstream_request"):
         try:
-            constrained = record.is_constrained(orjson.loads(rec["upstream_request"]))
+            constrained = records.is_constrained(orjson.loads(rec["upstream_request"]))
         except ValueError:
             constrained = None
     out = {k: sampling.get(k) for k in ("temperature", "top_p", "top_k", "logprobs_mode")}
@@ -86,31 +86,25 @@ def _record_fields(rec: dict) -> dict:
 
 
 class _Records:
-    """Flow records by (file, offset), each file opened once."""
+    """Flow records by (file, offset): positioned reads (`polar.records.RecordFiles`), each file opened once."""
 
     def __init__(self):
-        self.files: dict[str, object] = {}
+        from polar import records
+
+        self._errors = (OSError, *records.RECORD_ERRORS)  # SchemaError is a ValueError
+        self._files = records.RecordFiles()
 
     def fields(self, path: str | None, offset: int | None) -> dict:
         """{} when the record cannot be read (a moved or rewritten flow file: the fields stay unknown)."""
         if not path or offset is None:
             return {}
-        import msgpack
-        from polar.addon import record
-
         try:
-            if path not in self.files:
-                self.files[path] = open(path, "rb")  # noqa: SIM115 — closed in close()
-            fh = self.files[path]
-            fh.seek(int(offset))
-            unpacker = msgpack.Unpacker(fh, raw=False, strict_map_key=False, max_buffer_size=1 << 31)
-            return _record_fields(record.normalize(unpacker.unpack()))
-        except (OSError, ValueError, msgpack.UnpackException):  # SchemaError is a ValueError
+            return _record_fields(self._files.read(path, int(offset)))
+        except self._errors:
             return {}
 
     def close(self) -> None:
-        for fh in self.files.values():
-            fh.close()
+        self._files.close()
 
 
 def read_calls(out_dir: str) -> dict[str, CallInfo]:

@@ -10,7 +10,13 @@ from pathlib import Path
 
 # (title, [(train.jsonl field, legend)]) — one chart each
 CHARTS = (
-    ("mean reward per step", [("reward_mean", "all samples")]),
+    ("mean reward per step", [("reward_mean", "all samples"), ("reward_hi", "mean + std"), ("reward_lo", "mean − std"),
+                              ("eval_reward", "held-out tasks (no update)")]),
+    ("groups without a reward spread", [("groups_without_spread", "groups without spread"), ("groups", "groups")]),
+    ("KL to the initial policy (k3, nats/token)", [("kl_initial", "KL(π‖π_initial)")]),
+    ("policy entropy on trainable tokens (nats)", [("entropy", "mean token entropy")]),
+    ("response length (trainable tokens per sequence)", [("response_len", "tokens")]),
+    ("optimizer updates per step", [("updates", "updates")]),
     ("GRPO loss", [("loss", "loss")]),
     ("importance ratio π/π_old", [("ratio_mean", "mean"), ("ratio_max", "max")]),
     ("clipped / truncated share of tokens", [("clip_share", "clipped"), ("tis_share", "truncated (TIS)")]),
@@ -21,8 +27,18 @@ COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 W, H, PAD, LEFT = 440, 220, 42, 78  # LEFT: room for the y labels
 
 
+def _derived(ln: dict) -> dict:
+    """The line with the reward band's edges (mean ± std) added."""
+    mean, std = ln.get("reward_mean"), ln.get("reward_std")
+    if isinstance(mean, (int, float)) and isinstance(std, (int, float)):
+        ln = dict(ln, reward_hi=mean + std, reward_lo=mean - std)
+    return ln
+
+
 def _points(lines: list[dict], key: str) -> list[tuple[int, float]]:
-    return [(ln["step"], float(ln[key])) for ln in lines if isinstance(ln.get(key), (int, float))]
+    lines = [_derived(ln) for ln in lines]
+    return [(ln["step"], float(ln[key])) for ln in lines
+            if isinstance(ln.get(key), (int, float)) and not isinstance(ln.get(key), bool)]
 
 
 def _chart(title: str, series: list[tuple[str, list[tuple[int, float]]]]) -> str:
@@ -72,13 +88,16 @@ def _group_chart(lines: list[dict]) -> str:
 
 
 def _table(lines: list[dict]) -> str:
-    head = ("step", "weights", "samples", "reward", "loss", "ratio mean", "ratio max", "verify median", "trainable",
-            "seconds")
+    head = ("step", "weights", "samples", "reward", "spread", "no spread", "eval", "updates", "KL init", "entropy",
+            "loss", "ratio mean", "ratio max", "verify median", "trainable", "seconds")
     rows = []
     for ln in lines:
         secs = ", ".join(f"{k} {v:.1f}" for k, v in (ln.get("seconds") or {}).items())
+        no_spread = (f"{ln['groups_without_spread']}/{ln.get('groups')}" if ln.get("groups_without_spread") is not None
+                     else None)
         cells = (ln["step"], ln.get("weight_version") or "–", ln.get("samples"), ln.get("reward_mean"),
-                 ln.get("loss"), ln.get("ratio_mean"), ln.get("ratio_max"), ln.get("verify_median_abs_gap"),
+                 ln.get("reward_std"), no_spread, ln.get("eval_reward"), ln.get("updates"), ln.get("kl_initial"),
+                 ln.get("entropy"), ln.get("loss"), ln.get("ratio_mean"), ln.get("ratio_max"), ln.get("verify_median_abs_gap"),
                  ln.get("tokens_trainable"), secs)
         rows.append("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in cells) + "</tr>")
     return ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"
@@ -104,8 +123,11 @@ def render(run: Path, lines: list[dict]) -> str:
              "fill:#555}.legend{font-size:12px}table{border-collapse:collapse;margin-top:16px}td,th{border:1px solid"
              " #ccc;padding:3px 6px;font-size:12px;text-align:right}.none{color:#888}")
     title = f"polar-train — {run.name}"
-    what = (f"{html.escape(str(plan.get('agent')))} on {len(plan.get('tasks') or [])} task(s), K="
-            f"{plan.get('samples')}, lr {plan.get('lr')}, clip {plan.get('clip')}, {plan.get('dtype')}; "
+    what = (f"{html.escape(str(plan.get('agent')))} on {len(plan.get('tasks') or [])} task path(s)"
+            + (f" ({plan['tasks_per_step']} task(s) per step)" if plan.get("tasks_per_step") else "")
+            + f", K={plan.get('samples')}, lr {plan.get('lr')} ({html.escape(str(plan.get('lr_source', 'given')))}), "
+            f"{plan.get('mini_batches', 1)} mini-batch(es) × {plan.get('epochs', 1)} epoch(s), seed "
+            f"{plan.get('seed', 0)}, clip {plan.get('clip')}, {plan.get('dtype')}; "
             f"{len(lines)} of {plan.get('steps')} step(s) done") if plan else f"{len(lines)} step(s)"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}"
             f"</style></head><body><h1>{html.escape(title)}</h1><p>{what}</p>{''.join(charts)}{_table(lines)}"

@@ -10,13 +10,16 @@ Each step N (RUN/steps/000N/ is a polar-rollout RUN):
 3. train — one reference GRPO step (`polar.trainer.grpo`: token-sum normalisation over the whole step, π_old = the
    recorded logprobs) over the step's micro-batches; the optimizer state carries over from step to step.
 4. checkpoint — a complete HF directory, RUN/checkpoints/step-000N/.
-5. reload — `scripts/vllm reload --weights RUN/checkpoints/step-000N --version step-000N`: the next rollouts are
-   served by the new weights (their records carry weight_version step-000N). Before step 1 the server is reloaded
-   with `--model` as step-0000, so every record of the run names the weights that sampled it.
+5. reload — `polar.launch.publish` (what `polar-vllm reload --weights RUN/checkpoints/step-000N --version
+   step-000N` does): the next rollouts are served by the new weights (their records carry weight_version
+   step-000N). Before step 1 the server is reloaded with `--model` as step-0000, so every record of the run names
+   the weights that sampled it.
 One line per step in RUN/train.jsonl (TRAIN_FIELDS); RUN/report.html draws the loop's curves.
 
-The vLLM: `--vllm-run-file F` names a running dev-mode server (`scripts/vllm start --dev`) that serves `--model`;
-without it polar-train starts one (`--dtype`, dev mode) with its run file RUN/vllm.json and stops it at the end.
+The vLLM: `--vllm-run-file F` names a running dev-mode server (`polar-vllm start --dev`) that serves `--model`;
+without it polar-train starts one (`--dtype`, dev mode; `polar.launch.vllm`) with its run file RUN/vllm.json and
+stops it at the end. polar-rollout is `--rollout-cmd`, else $POLAR_ROLLOUT, else polar-rollout on PATH, else the
+checkout's .venv/bin/polar-rollout.
 `--resume` continues a RUN: the steps in train.jsonl stay, the model and the server go to the last checkpoint, and an
 unfinished step's rollout continues (`polar-rollout --resume`).
 Exit 0 every step ran; 1 a stage failed (one line names the step and the stage); 2 bad input (one line names the fix).
@@ -26,6 +29,7 @@ torch is imported after the arguments are checked.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shlex
@@ -36,16 +40,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar.launch import paths
+from polar.launch import publish as publishing
+from polar.launch import vllm as launch_vllm
+from polar.launch.runfiles import VllmRunFile
 from polar.trainer import has_trainer_env, needs_trainer_env
 
-ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS_VLLM = ROOT / "scripts" / "vllm"
-DEFAULT_ROLLOUT = str(ROOT / ".venv" / "bin" / "polar-rollout")
+ROLLOUT_ENV = "POLAR_ROLLOUT"
 DEFAULT_SAMPLING = "temperature=1.0,top_p=1.0,top_k=-1"
 NEEDS_TRAIN = needs_trainer_env("polar-train")
 TRAIN_FIELDS = ("step", "weight_version", "samples", "statuses", "reward_mean", "reward_mean_per_group",
                 "verify_median_abs_gap", "verify_share_within", "ratio_mean", "ratio_max", "clip_share", "tis_share",
-                "loss", "tokens_forward", "tokens_trainable", "seconds")
+                "loss", "tokens_forward", "tokens_trainable", "seconds", "reward_std", "groups", "groups_without_spread",
+                "updates", "response_len", "entropy", "kl_initial", "eval_reward", "tasks", "published")
 STAGES = ("rollout", "process", "verify", "train", "reload")
 
 
@@ -74,7 +81,25 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", "-o", required=True, metavar="RUN", help="the training run directory")
     p.add_argument("--steps", type=int, default=2, help="training steps (rollout → update → reload)")
     p.add_argument("--samples", "-k", type=int, default=4, help="samples per task per step (the GRPO group size)")
-    p.add_argument("--lr", type=float, default=1e-5, help="AdamW learning rate")
+    p.add_argument("--lr", type=float, default=None,
+                   help="AdamW learning rate (default: picked from the model's size, see default_lr; 0: a control run "
+                        "whose weights never change)")
+    p.add_argument("--tasks-per-step", type=int, default=None, metavar="N",
+                   help="tasks drawn (seeded) per step from TASKS (default: every task, every step)")
+    p.add_argument("--mini-batches", type=int, default=None, metavar="M",
+                   help="optimizer updates per pass over a step's rollouts (shuffled parts; default: picked with --lr)")
+    p.add_argument("--epochs", type=int, default=1, metavar="E", help="passes over a step's rollouts")
+    p.add_argument("--seed", type=int, default=0, help="seeds the task draw, the mini-batch shuffle and torch")
+    p.add_argument("--keep-checkpoints", type=int, default=None, metavar="N",
+                   help="keep the newest N checkpoints (the one serving is always the newest; default: all)")
+    p.add_argument("--eval-tasks", nargs="+", default=[], metavar="DIR",
+                   help="held-out tasks (or folders of them): rolled out, never trained on, every --eval-every steps")
+    p.add_argument("--eval-every", type=int, default=4, metavar="N",
+                   help="evaluate before steps 1, 1+N, 1+2N, … and the last")
+    p.add_argument("--eval-samples", type=int, default=2, metavar="K", help="samples per held-out task")
+    p.add_argument("--kl-initial", action=argparse.BooleanOptionalAction, default=True,
+                   help="measure KL to the initial policy (a frozen copy of --model: one no-grad forward per "
+                        "micro-batch)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
     p.add_argument("--clip", type=float, default=0.2, help="PPO clip ε")
     p.add_argument("--tis-cap", type=float, default=None, help="truncated importance sampling cap (default: off)")
@@ -82,7 +107,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="serving, recompute and training dtype")
     p.add_argument("--sampling", default=DEFAULT_SAMPLING, help="the proxy's polar_sampling_override")
-    p.add_argument("--rollout-cmd", default=DEFAULT_ROLLOUT, help="polar-rollout (a command line)")
+    p.add_argument("--rollout-cmd", default=None,
+                   help=f"polar-rollout (a command line; default: ${ROLLOUT_ENV}, else polar-rollout on PATH, else "
+                        "the checkout's .venv/bin/polar-rollout)")
     p.add_argument("--rollout-opt", action="append", default=[], metavar="ARG",
                    help="argument passed to polar-rollout, repeatable, e.g. --rollout-opt=--sandbox=none")
     p.add_argument("--vllm-run-file", default=None, metavar="F",
@@ -112,6 +139,17 @@ class Plan:
     rollout_cmd: str
     rollout_opt: list[str] = field(default_factory=list)
     vllm_run_file: str | None = None
+    tasks_per_step: int | None = None
+    mini_batches: int = 1
+    epochs: int = 1
+    seed: int = 0
+    keep_checkpoints: int | None = None
+    eval_tasks: list[str] = field(default_factory=list)
+    eval_every: int = 4
+    eval_samples: int = 2
+    kl_initial: bool = True
+    lr_source: str = "given"
+    params: int | None = None
 
     @classmethod
     def from_args(cls, args) -> "Plan":
@@ -120,17 +158,62 @@ class Plan:
                    weight_decay=args.weight_decay, clip=args.clip, tis_cap=args.tis_cap,
                    micro_batch_tokens=args.micro_batch_tokens, dtype=args.dtype, sampling=args.sampling,
                    rollout_cmd=args.rollout_cmd, rollout_opt=list(args.rollout_opt),
-                   vllm_run_file=str(Path(args.vllm_run_file).resolve()) if args.vllm_run_file else None)
+                   vllm_run_file=str(Path(args.vllm_run_file).resolve()) if args.vllm_run_file else None,
+                   tasks_per_step=args.tasks_per_step, mini_batches=args.mini_batches, epochs=args.epochs,
+                   seed=args.seed, keep_checkpoints=args.keep_checkpoints,
+                   eval_tasks=[str(Path(t).resolve()) for t in args.eval_tasks], eval_every=args.eval_every,
+                   eval_samples=args.eval_samples, kl_initial=args.kl_initial, lr_source=args.lr_source,
+                   params=args.params)
+
+
+# The learning rate when --lr is not given (measured on the tiny model, BENCHMARKS.md "polar-train learns"): a
+# small randomly initialised model learns a graded answer task at 1e-2 with 2 updates per step and does not at 1e-3;
+# a pretrained model of ~10^8 parameters and more takes 1e-5 · sqrt(1e9 / params), within [1e-6, 5e-5] (2.7e-5 for
+# SmolLM2-135M: the usual RL fine-tuning range, not measured to learn here).
+SMALL_MODEL_PARAMS = 20_000_000
+SMALL_MODEL_LR, SMALL_MODEL_MINI_BATCHES = 1e-2, 2
+
+
+def count_params(model_dir: str | Path) -> int | None:
+    """Parameters in the model's *.safetensors (their headers only: no torch), None when there is none."""
+    import struct
+
+    total, found = 0, False
+    for f in sorted(Path(model_dir).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, t in header.items():
+            if name != "__metadata__":
+                size = 1
+                for d in t.get("shape") or []:
+                    size *= int(d)
+                total += size
+                found = True
+    return total if found else None
+
+
+def default_lr(params: int | None) -> tuple[float, int, str]:
+    """(learning rate, mini-batches, why) for a model of `params` parameters."""
+    if params is not None and params < SMALL_MODEL_PARAMS:
+        return SMALL_MODEL_LR, SMALL_MODEL_MINI_BATCHES, (f"{params / 1e6:.1f}M parameters < "
+                                                          f"{SMALL_MODEL_PARAMS / 1e6:.0f}M: a small model")
+    n = params or 1_000_000_000
+    lr = min(max(1e-5 * (1e9 / n) ** 0.5, 1e-6), 5e-5)
+    return float(f"{lr:.2g}"), 1, f"{n / 1e6:.0f}M parameters: 1e-5·sqrt(1e9/params)"
 
 
 def check_args(args) -> None:
-    for name in ("steps", "samples", "micro_batch_tokens"):
+    for name in ("steps", "samples", "micro_batch_tokens", "epochs", "eval_every", "eval_samples"):
         if getattr(args, name) < 1:
+            raise BadInput(f"--{name.replace('_', '-')} {getattr(args, name)}: must be ≥ 1")
+    for name in ("tasks_per_step", "mini_batches", "keep_checkpoints"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise BadInput(f"--{name.replace('_', '-')} {getattr(args, name)}: must be ≥ 1")
     if args.samples < 2:
         raise BadInput(f"--samples {args.samples}: a GRPO group needs ≥ 2 samples")
-    if not args.lr > 0 or args.clip <= 0 or (args.tis_cap is not None and args.tis_cap <= 0):
-        raise BadInput("--lr, --clip and --tis-cap must be > 0")
+    if (args.lr is not None and args.lr < 0) or args.clip <= 0 or (args.tis_cap is not None and args.tis_cap <= 0):
+        raise BadInput("--lr must be ≥ 0, --clip and --tis-cap > 0")
     out = Path(args.out)
     if args.resume:
         if not (out / "train.json").is_file():
@@ -142,52 +225,127 @@ def check_args(args) -> None:
         raise BadInput(f"{out} is not empty: pass a new --out, or --resume")
     if not (Path(args.model) / "config.json").is_file():
         raise BadInput(f"--model {args.model}: not an HF checkpoint (no config.json)")
-    for t in args.tasks:
+    for t in [*args.tasks, *args.eval_tasks]:
         if not Path(t).exists():
             raise BadInput(f"task {t} does not exist")
+    if not task_dirs(args.tasks):
+        raise BadInput(f"no Harbor task (a directory with task.toml) in {' '.join(args.tasks)}")
+    if args.eval_tasks and not task_dirs(args.eval_tasks):
+        raise BadInput(f"--eval-tasks: no Harbor task in {' '.join(args.eval_tasks)}")
+    args.params = count_params(args.model)
+    lr, mini, why = default_lr(args.params)
+    if args.lr is None:
+        args.lr, args.lr_source = lr, f"picked: {why}"
+        if args.mini_batches is None:
+            args.mini_batches = mini
+    else:
+        args.lr_source = "given"
+    if args.mini_batches is None:
+        args.mini_batches = 1
     if args.vllm_run_file and not Path(args.vllm_run_file).is_file():
-        raise BadInput(f"--vllm-run-file {args.vllm_run_file}: no such file (scripts/vllm start --dev writes it)")
-    cmd = shlex.split(args.rollout_cmd)
-    if not cmd or shutil.which(cmd[0]) is None:
-        raise BadInput(f"--rollout-cmd {args.rollout_cmd!r}: not found (scripts/setup makes .venv/bin/polar-rollout)")
+        raise BadInput(f"--vllm-run-file {args.vllm_run_file}: no such file ({launch_vllm.command()} start --dev "
+                       f"writes it)")
+    args.rollout_cmd = rollout_command(args.rollout_cmd)
+
+
+def task_dirs(paths: list[str]) -> list[str]:
+    """Every Harbor task in `paths`: a directory with task.toml, or the task directories directly inside one (a
+    task family's folder), in name order."""
+    found: list[str] = []
+    for t in paths:
+        d = Path(t)
+        if (d / "task.toml").is_file():
+            found.append(str(d.resolve()))
+        elif d.is_dir():
+            found += [str(c.resolve()) for c in sorted(d.iterdir()) if (c / "task.toml").is_file()]
+    return found
+
+
+def tasks_of_step(plan: "Plan", step: int) -> list[str]:
+    """The tasks step `step` trains on: every task, or --tasks-per-step of them drawn without replacement by a
+    generator seeded with (seed, step) — the same draw on --resume."""
+    import random
+
+    every = task_dirs(plan.tasks)
+    n = plan.tasks_per_step
+    if not n or n >= len(every):
+        return every
+    return sorted(random.Random(f"{plan.seed}:{step}").sample(every, n))
+
+
+def rollout_command(given: str | None) -> str:
+    """polar-rollout as a command line: `given` (--rollout-cmd), else $POLAR_ROLLOUT, else polar-rollout on PATH,
+    else the checkout's .venv/bin/polar-rollout; BadInput naming them when none is there."""
+    chosen, where = (given, "--rollout-cmd") if given else (os.environ.get(ROLLOUT_ENV), ROLLOUT_ENV)
+    if chosen:
+        cmd = shlex.split(chosen)
+        if not cmd or shutil.which(cmd[0]) is None:
+            raise BadInput(f"{where} {chosen!r}: not found (scripts/setup makes .venv/bin/polar-rollout)")
+        return chosen
+    found = shutil.which("polar-rollout")
+    # The trainer's own environment may hold a polar-rollout that cannot start a proxy (no mitmproxy: Python 3.11)
+    if found and Path(found).resolve().parent == Path(sys.prefix, "bin").resolve() \
+            and importlib.util.find_spec("mitmproxy") is None:
+        found = None
+    root = paths.checkout_root()
+    if not found and root is not None and (root / ".venv" / "bin" / "polar-rollout").exists():
+        found = str(root / ".venv" / "bin" / "polar-rollout")
+    if not found:
+        raise BadInput(f"polar-rollout not found: pass --rollout-cmd CMD, set {ROLLOUT_ENV}, or put it on PATH (a "
+                       f"checkout's scripts/setup makes .venv/bin/polar-rollout)")
+    return shlex.quote(found)
 
 
 # ---------------------------------------------------------------------------------------------------- vLLM
 
-def _vllm(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPTS_VLLM), *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
+def _say(msg: str) -> None:
+    print(f"polar-train: vllm: {msg}", file=sys.stderr, flush=True)
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or ["no message"])[0]
+
+
+def server_info(run_file: str) -> VllmRunFile:
+    info = launch_vllm.read_run_file(run_file)
+    if info is None:
+        raise StageFailed(0, "vllm", f"{run_file}: no vLLM run file")
+    return info
 
 
 def start_server(plan: Plan, run: Path) -> tuple[str, bool]:
     """(run file, started by us): the server named by --vllm-run-file, or a new dev-mode one."""
     if plan.vllm_run_file:
-        doc = json.loads(Path(plan.vllm_run_file).read_text())
-        if not doc.get("dev"):
-            raise BadInput(f"--vllm-run-file {plan.vllm_run_file}: that server is not in dev mode (scripts/vllm "
-                           "start --dev): it cannot reload weights")
+        info = launch_vllm.read_run_file(plan.vllm_run_file)
+        if info is None or not info.dev:
+            raise BadInput(f"--vllm-run-file {plan.vllm_run_file}: that server is not in dev mode "
+                           f"({launch_vllm.command()} start --dev): it cannot reload weights")
         return plan.vllm_run_file, False
-    run_file = run / "vllm.json"
+    run_file = paths.vllm_run_file(run)
     if run_file.is_file():  # --resume: the server a previous attempt started, if it still runs
-        if _vllm("status", "--run-file", str(run_file), timeout=30).returncode == 0:
+        if launch_vllm.status(run_file) is not None:
             return str(run_file), True
         run_file.unlink()
-    proc = _vllm("start", "--model", plan.model, "--dtype", plan.dtype, "--dev", "--run-file", str(run_file),
-                 timeout=900)
-    if proc.returncode != 0:
-        raise StageFailed(0, "vllm start", (proc.stderr.strip().splitlines() or ["no message"])[-1])
+    spec = launch_vllm.StartSpec(model=plan.model, dtype=plan.dtype, dev=True, run_file=run_file)
+    try:
+        launch_vllm.start(spec, log=_say)
+    except launch_vllm.Fail as exc:
+        raise StageFailed(0, "vllm start", _first_line(exc)) from None
     return str(run_file), True
 
 
 def base_url(run_file: str) -> str:
-    return json.loads(Path(run_file).read_text())["base_url"]
+    return server_info(run_file).base_url
 
 
 def reload(step: int, run_file: str, weights: Path, version: str) -> float:
     t0 = time.monotonic()
-    proc = _vllm("reload", "--weights", str(weights), "--version", version, "--run-file", run_file, timeout=600)
-    if proc.returncode != 0:
-        raise StageFailed(step, "reload", (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1])
+    try:
+        done = publishing.publish([run_file], weights, version, log=_say)
+    except launch_vllm.Fail as exc:
+        raise StageFailed(step, "reload", _first_line(exc)) from None
+    if done.problems:
+        raise StageFailed(step, "reload", done.problems[0])
     return time.monotonic() - t0
 
 
@@ -201,37 +359,77 @@ def version_of(step: int) -> str:
     return f"step-{step:04d}"
 
 
-def rollout(plan: Plan, run: Path, step: int, url: str) -> tuple[dict, float]:
-    """polar-rollout for the step (continued with --resume when its RUN already exists); (its run.json, seconds)."""
-    out = step_dir(run, step)
+def eval_dir(run: Path, step: int) -> Path:
+    return run / "evals" / f"{step:04d}"
+
+
+def rollout_cmd(plan: Plan, run: Path, step: int, url: str, out: Path, tasks: list[str], samples: int,
+                run_id: str) -> list[str]:
+    """polar-rollout's command line for one RUN (continued with --resume when it already exists)."""
     cmd = shlex.split(plan.rollout_cmd)
     if (out / "run.json").is_file():
         cmd += ["--resume", "--out", str(out)]
     else:
-        cmd += [*plan.tasks, "--agent", plan.agent, "--out", str(out), "--samples", str(plan.samples),
-                "--run-id", f"{run.name}-{version_of(step)}", "--upstream", url,
+        cmd += [*tasks, "--agent", plan.agent, "--out", str(out), "--samples", str(samples),
+                "--run-id", run_id, "--upstream", url,
                 "--proxy-set", "polar_exact=true", "--proxy-set", f"polar_sampling_override={plan.sampling}",
                 # the model's own tokenizer names its end-of-turn ids: a step whose completions all ran into
                 # max_tokens (a random policy's) has no natural stop to take them from
                 f"--process-opt=--tokenizer={plan.model}", *plan.rollout_opt]
-    t0 = time.monotonic()
+    return cmd
+
+
+def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k not in ("HTTPS_PROXY", "https_proxy", "VIRTUAL_ENV")}
-    with open(run / "steps" / f"{step:04d}.log", "a", encoding="utf-8") as log:
-        log.write(f"$ {shlex.join(cmd)}\n")
-        log.flush()
-        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-    seconds = time.monotonic() - t0
-    if proc.returncode != 0 or not (out / "run.json").is_file():
-        raise StageFailed(step, "rollout", f"polar-rollout exit {proc.returncode} (log: {run}/steps/{step:04d}.log)")
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log = open(log_path, "a", encoding="utf-8")
+    log.write(f"$ {shlex.join(cmd)}\n")
+    log.flush()
+    try:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
+    finally:
+        log.close()
+
+
+def rollout(plan: Plan, run: Path, step: int, url: str, evaluate: bool = False) -> tuple[dict, float, dict | None]:
+    """polar-rollout for the step's tasks (and, with `evaluate`, at the same time for the held-out tasks: no
+    update follows from those); (its run.json, seconds, the evaluation's rewards or None)."""
+    out = step_dir(run, step)
+    t0 = time.monotonic()
+    proc = _spawn(rollout_cmd(plan, run, step, url, out, tasks_of_step(plan, step), plan.samples,
+                              f"{run.name}-{version_of(step)}"), run / "steps" / f"{step:04d}.log")
+    ev = None
+    if evaluate:
+        ev_out = eval_dir(run, step)
+        ev = _spawn(rollout_cmd(plan, run, step, url, ev_out, task_dirs(plan.eval_tasks), plan.eval_samples,
+                                f"{run.name}-eval-{step:04d}") + ["--no-process"], run / "evals" / f"{step:04d}.log")
+    try:
+        code = proc.wait()
+        seconds = time.monotonic() - t0
+        ev_code = ev.wait() if ev is not None else None
+    except BaseException:
+        for pr in (proc, ev):
+            if pr is not None and pr.poll() is None:
+                pr.terminate()
+        raise
+    if code != 0 or not (out / "run.json").is_file():
+        raise StageFailed(step, "rollout", f"polar-rollout exit {code} (log: {run}/steps/{step:04d}.log)")
+    evaluation = None
+    if ev is not None:
+        if ev_code != 0 or not (eval_dir(run, step) / "results.jsonl").is_file():
+            raise StageFailed(step, "evaluation", f"polar-rollout exit {ev_code} (log: {run}/evals/{step:04d}.log)")
+        evaluation = rewards_of(eval_dir(run, step))
     doc = json.loads((out / "run.json").read_text())
     processed = doc.get("processed") or {}
     if processed.get("exit") != 0 or not (out / "out" / "batches").is_dir():
         raise StageFailed(step, "process", f"polar-process exit {processed.get('exit')} ({out}/process.log)")
-    return doc, seconds
+    return doc, seconds, evaluation
 
 
-def rewards_of(out: Path) -> tuple[int, dict, float | None, dict]:
-    """(samples, statuses, mean reward, mean reward per group) from the step's results.jsonl (latest attempts)."""
+def rewards_of(out: Path) -> dict:
+    """The step's results.jsonl (latest attempts): samples, statuses, reward_mean, reward_std (over every rewarded
+    sample), reward_mean_per_group, groups, groups_without_spread (fewer than 2 rewards, or all equal: every
+    advantage of the group is 0)."""
     latest: dict = {}
     for line in (out / "results.jsonl").read_text().splitlines():
         if line.strip():
@@ -245,7 +443,11 @@ def rewards_of(out: Path) -> tuple[int, dict, float | None, dict]:
             groups.setdefault(doc["group"], []).append(float(doc["reward"]))
     every = [r for rs in groups.values() for r in rs]
     per_group = {g: sum(rs) / len(rs) for g, rs in sorted(groups.items())}
-    return len(latest), statuses, (sum(every) / len(every) if every else None), per_group
+    mean = sum(every) / len(every) if every else None
+    std = (sum((r - mean) ** 2 for r in every) / len(every)) ** 0.5 if every else None
+    flat = sum(1 for rs in groups.values() if len(rs) < 2 or max(rs) - min(rs) <= 1e-12)
+    return {"samples": len(latest), "statuses": statuses, "reward_mean": mean, "reward_std": std,
+            "reward_mean_per_group": per_group, "groups": len(groups), "groups_without_spread": flat}
 
 
 def verify(step: int, out: Path, weights: str, dtype: str) -> tuple[dict, float]:
@@ -259,17 +461,41 @@ def verify(step: int, out: Path, weights: str, dtype: str) -> tuple[dict, float]
     return report.get("verify") or {}, time.monotonic() - t0
 
 
-def train_step(step: int, trainer: "Trainer", out: Path) -> dict:
-    from polar.trainer import grpo
+def load_batches(step: int, trainer: "Trainer", out: Path, required: bool = True):
     from polar.trainer.loader import micro_batches
 
     # a context_mismatch sequence's recorded logprobs were sampled under another context than the one it holds:
     # they are no π_old for it (slime drops such samples too: remove_sample)
     batches = micro_batches(str(out / "batches"), trainer.plan.micro_batch_tokens, layout="per_sequence",
                             leave_out_flags=("context_mismatch",))
-    if not batches.counts.get("tokens_trainable"):
+    if required and not batches.counts.get("tokens_trainable"):
         raise StageFailed(step, "train", f"no trainable token in {out}/batches ({batches.counts})")
-    metrics = grpo.grpo_step(trainer.model, trainer.optimizer, batches, trainer.config)
+    return batches
+
+
+def has_advantage(batches) -> bool:
+    """Whether any trainable token carries a non-zero advantage (else every gradient is 0)."""
+    return any(abs(s.advantage) > 0 and float(s.loss_mask[1:].sum()) > 0 for g in batches.groups for s in g)
+
+
+def train_step(step: int, trainer: "Trainer", out: Path, batches=None, update: bool = True) -> dict:
+    """M·E GRPO updates over the step's batches (grpo.grpo_update); with `update` False only the measurement
+    (entropy, KL to the initial policy, response length), no optimizer step."""
+    from polar.trainer import grpo
+
+    plan = trainer.plan
+    batches = batches if batches is not None else load_batches(step, trainer, out)
+    if not update:
+        m = grpo.StepMetrics(tokens_forward=batches.counts["tokens_forward"],
+                             tokens_trainable=batches.counts["tokens_trainable"], micro_batches=len(batches))
+        n = sum(len(g) for g in batches.groups)
+        m.sequences, m.response_len = n, (m.tokens_trainable / n if n else None)
+        if m.tokens_trainable:
+            m.entropy, m.kl_initial = grpo._measure(trainer.model, batches, trainer.reference)
+        return m.as_dict()
+    metrics = grpo.grpo_update(trainer.model, trainer.optimizer, batches, trainer.config,
+                               mini_batches=plan.mini_batches, epochs=plan.epochs, seed=plan.seed * 1_000_003 + step,
+                               reference=trainer.reference)
     return metrics.as_dict()
 
 
@@ -281,37 +507,73 @@ class Trainer:
     model: object
     optimizer: object
     config: object
+    reference: object = None  # the initial policy, frozen (--kl-initial)
 
     @classmethod
     def load(cls, plan: Plan, weights: str) -> "Trainer":
+        import random
+
+        import torch
         from polar.trainer import grpo
         from polar.trainer.recompute import load_model
 
+        random.seed(plan.seed)
+        torch.manual_seed(plan.seed)
         config = grpo.GrpoConfig(lr=plan.lr, clip=plan.clip, tis_cap=plan.tis_cap, weight_decay=plan.weight_decay)
         model = load_model(weights, plan.dtype)
         model.requires_grad_(True)
-        return cls(plan=plan, model=model, optimizer=grpo.make_optimizer(model, config), config=config)
+        reference = None
+        if plan.kl_initial:
+            reference = load_model(plan.model, plan.dtype)
+            reference.requires_grad_(False)
+        return cls(plan=plan, model=model, optimizer=grpo.make_optimizer(model, config), config=config,
+                   reference=reference)
+
+
+def evaluates(plan: Plan, step: int) -> bool:
+    """Whether the held-out tasks are rolled out at this step (before its update): steps 1, 1+N, 1+2N, … and the
+    last."""
+    return bool(plan.eval_tasks) and ((step - 1) % plan.eval_every == 0 or step == plan.steps)
 
 
 def run_step(step: int, trainer: Trainer, run: Path, run_file: str, weights: str) -> dict:
-    """Rollout → verify → train → checkpoint → reload; the step's train.jsonl line."""
+    """Rollout → verify → train → checkpoint → reload; the step's train.jsonl line. A step where no group has a
+    reward spread (every advantage 0) makes no update; one whose update cannot change the weights (--lr 0) keeps
+    them: either way no checkpoint and no publication — the same version keeps serving."""
     from polar.trainer.checkpoint import save_checkpoint
 
     plan = trainer.plan
-    serving = json.loads(Path(run_file).read_text()).get("weight_version")
-    doc, t_rollout = rollout(plan, run, step, base_url(run_file))
+    serving = server_info(run_file).weight_version
+    doc, t_rollout, evaluation = rollout(plan, run, step, base_url(run_file), evaluates(plan, step))
     out = step_dir(run, step) / "out"
     t_process = float((doc.get("processed") or {}).get("seconds") or 0.0)
-    samples, statuses, reward_mean, per_group = rewards_of(step_dir(run, step))
+    r = rewards_of(step_dir(run, step))
     summary, t_verify = verify(step, out, weights, plan.dtype)
     t0 = time.monotonic()
-    m = train_step(step, trainer, out)
-    ckpt = run / "checkpoints" / version_of(step)
-    save_checkpoint(trainer.model, str(ckpt), plan.model)
+    spread = r["groups"] > r["groups_without_spread"]
+    batches = load_batches(step, trainer, out, required=spread)
+    signal = spread and has_advantage(batches)
+    m = train_step(step, trainer, out, batches, update=signal)
+    publish = signal and plan.lr > 0
+    ckpt = Path(weights)
+    if publish:
+        ckpt = run / "checkpoints" / version_of(step)
+        save_checkpoint(trainer.model, str(ckpt), plan.model)
     t_train = time.monotonic() - t0
-    t_reload = reload(step, run_file, ckpt, version_of(step))
-    return {"step": step, "weight_version": serving, "samples": samples, "statuses": statuses,
-            "reward_mean": reward_mean, "reward_mean_per_group": per_group,
+    t_reload = reload(step, run_file, ckpt, version_of(step)) if publish else 0.0
+    after = version_of(step) if publish else serving
+    why = None if publish else ("no reward spread: no update" if not signal else "--lr 0: weights unchanged")
+    if publish and plan.keep_checkpoints:
+        prune_checkpoints(run, plan.keep_checkpoints, keep=ckpt)
+    return {"step": step, "weight_version": serving, "samples": r["samples"], "statuses": r["statuses"],
+            "reward_mean": r["reward_mean"], "reward_mean_per_group": r["reward_mean_per_group"],
+            "reward_std": r["reward_std"], "groups": r["groups"], "groups_without_spread": r["groups_without_spread"],
+            "updates": m.get("updates") or 0, "response_len": m.get("response_len"), "entropy": m.get("entropy"),
+            "kl_initial": m.get("kl_initial"),
+            "eval_reward": evaluation["reward_mean"] if evaluation else None,
+            "eval_samples": evaluation["samples"] if evaluation else None,
+            "tasks": [Path(t).name for t in tasks_of_step(plan, step)],
+            "published": publish, "serving_after": after, "no_publication": why,
             "verify_median_abs_gap": summary.get("median_abs_gap"),
             "verify_share_within": summary.get("share_within"), "ratio_mean": m.get("ratio_mean"),
             "ratio_max": m.get("ratio_max"), "clip_share": m.get("clip_share"), "tis_share": m.get("tis_share"),
@@ -321,6 +583,17 @@ def run_step(step: int, trainer: Trainer, run: Path, run_file: str, weights: str
                         "verify": round(t_verify, 2), "train": round(t_train, 2), "reload": round(t_reload, 2)},
             "checkpoint": str(ckpt), "first_ratio_max_dev": m.get("first_ratio_max_dev"),
             "grad_norm": m.get("grad_norm"), "left_out": m.get("left_out")}
+
+
+def prune_checkpoints(run: Path, n: int, keep: Path) -> list[str]:
+    """Delete all but the newest `n` checkpoints of the run (never `keep`, the one serving); their names."""
+    ckpts = sorted(p for p in (run / "checkpoints").glob("step-*") if p.is_dir())
+    gone = []
+    for p in ckpts[:-n] if n < len(ckpts) else []:
+        if p.resolve() != keep.resolve():
+            shutil.rmtree(p, ignore_errors=True)
+            gone.append(p.name)
+    return gone
 
 
 # ---------------------------------------------------------------------------------------------------- the run
@@ -359,12 +632,16 @@ def loop(plan: Plan, run: Path) -> int:
 
     lines = read_lines(run)
     done = max((ln["step"] for ln in lines), default=0)
-    weights = plan.model if done == 0 else str(run / "checkpoints" / version_of(done))
+    weights = plan.model if done == 0 else lines[-1].get("checkpoint") or str(run / "checkpoints" / version_of(done))
+    version = version_of(done) if done == 0 else lines[-1].get("serving_after") or version_of(done)
+    print(f"polar-train: lr {plan.lr:g} ({plan.lr_source}), {plan.mini_batches} mini-batch(es) × {plan.epochs} "
+          f"epoch(s) per step, seed {plan.seed}, {len(task_dirs(plan.tasks))} task(s)"
+          + (f", {plan.tasks_per_step} per step" if plan.tasks_per_step else ""), file=sys.stderr, flush=True)
     run_file, ours = start_server(plan, run)
     try:
         # the server serves exactly the weights the trainer starts from, under a version of this run (step-0000:
         # --model; on --resume the last checkpoint), whatever it served before
-        reload(done, run_file, Path(weights), version_of(done))
+        reload(done, run_file, Path(weights), version)
         trainer = Trainer.load(plan, weights)
         for step in range(done + 1, plan.steps + 1):
             line = run_step(step, trainer, run, run_file, weights)
@@ -374,7 +651,7 @@ def loop(plan: Plan, run: Path) -> int:
             print(step_summary(line), file=sys.stderr, flush=True)
     finally:
         if ours:
-            _vllm("stop", "--run-file", run_file, timeout=120)
+            launch_vllm.stop(run_file, log=_say)
     write_report(run, read_lines(run))
     return 0
 
@@ -387,7 +664,12 @@ def step_summary(ln: dict) -> str:
             f"{fmt(ln['verify_median_abs_gap'], '.2g')}, within {fmt(ln['verify_share_within'])}; ratio mean "
             f"{fmt(ln['ratio_mean'], '.4f')} max {fmt(ln['ratio_max'], '.4f')}, clip {fmt(ln['clip_share'])}, loss "
             f"{fmt(ln['loss'], '.4g')}; {ln['tokens_trainable']} trainable of {ln['tokens_forward']} tokens; "
-            f"{' '.join(f'{k} {v:.1f}s' for k, v in s.items())}")
+            f"{' '.join(f'{k} {v:.1f}s' for k, v in s.items())}"
+            f"; spread {fmt(ln.get('reward_std'))}, {ln.get('groups_without_spread')} of {ln.get('groups')} group(s) "
+            f"without spread, {ln.get('updates')} update(s), entropy {fmt(ln.get('entropy'))}, KL to initial "
+            f"{fmt(ln.get('kl_initial'), '.3g')}"
+            + (f", eval reward {fmt(ln['eval_reward'])}" if ln.get("eval_reward") is not None else "")
+            + (f"; {ln['no_publication']}, {ln['serving_after']} keeps serving" if ln.get("no_publication") else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from polar.addon.record import is_constrained
+from polar.records import is_constrained
 
 RouteKind = Literal["generate", "count_tokens", "websocket", "not_found"]
 

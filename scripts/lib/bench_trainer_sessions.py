@@ -148,7 +148,7 @@ def _record(rec, session: str, call: Call, t: float) -> dict:
 def write_run(sessions: dict[str, list[Call]], flows: str, rewards: str) -> None:
     """The sessions as flow files (the real FlowWriter) and rewards.jsonl: rewards 0, 1, 2, 0 … within each group
     of 4, so every group's advantages are non-zero."""
-    from polar.addon import record as rec
+    from polar import records as rec
 
     os.makedirs(flows, exist_ok=True)
     writer = rec.FlowWriter(flows, rotate_mb=256, min_free_mb=0)

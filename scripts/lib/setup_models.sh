@@ -35,11 +35,11 @@ fresh() { [[ "${POLAR_MODELS_FORCE:-0}" != 1 && -f "$1/.polar-stamp" && "$(cat "
 build_tiny() {
     [[ -f "$SRC/build_tokenizer.py" ]] || die "missing $SRC/build_tokenizer.py"
     [[ -f "$SRC/chatml_tools.jinja" ]] || die "missing $SRC/chatml_tools.jinja"
-    # Everything in scripts/models except the SmolLM2 converter and the launcher feeds the tokenizer or the model.
+    # Everything in scripts/models except the SmolLM2 converter feeds the tokenizer or the model.
     local inputs=() f
     for f in "$SRC"/*; do
         [[ -f "$f" ]] || continue
-        case "${f##*/}" in convert_smollm2.py|vllm_launcher.py) continue ;; esac
+        case "${f##*/}" in convert_smollm2.py) continue ;; esac
         inputs+=("$f")
     done
     local stamp; stamp="$(stamp_of "${inputs[@]}")"

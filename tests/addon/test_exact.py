@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from polar.addon import exact as ex
-from polar.addon import record as rec
+from polar import records as rec
 from polar.addon.backend import Backend
 from polar.addon.shaping import BackendInfo, Shaped, shape
 from polar.addon.turn_index import PassStats, ReadStats, TurnIndex

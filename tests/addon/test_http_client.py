@@ -32,6 +32,7 @@ class WireServer:
         self.replies = list(replies)
         self.requests: list[bytes] = []
         self.connections = 0
+        self.scripted_close = asyncio.Event()  # set once a reply's None has closed its connection
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
@@ -47,6 +48,8 @@ class WireServer:
                 for piece in self.replies.pop(0):
                     if piece is None:
                         writer.close()
+                        await writer.wait_closed()
+                        self.scripted_close.set()
                         return
                     writer.write(piece)
                     await writer.drain()
@@ -126,7 +129,8 @@ def test_2_2_a_stale_idle_connection_is_retried_once_on_a_new_one():
         base = await server.start()
         client = StreamClient(base, {}, 5)
         first = await call(client, base)
-        await asyncio.sleep(0.05)
+        # the pooled connection is stale for sure: the server has closed it (an event, not a pause)
+        await asyncio.wait_for(server.scripted_close.wait(), 10)
         second = await call(client, base)
         await server.stop()
         return first[:2], second[:2], server.connections

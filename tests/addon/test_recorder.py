@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.addon.codecs.base import GatewayError
 from polar.addon.recorder import Recorder, RecordLost
 

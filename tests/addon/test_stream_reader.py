@@ -107,3 +107,20 @@ def test_2_6_forced_call_with_real_tool_deltas_passes_text_through():
     reader = StreamReader(False, forced_tool_choice="required")
     reader.feed(raw)
     assert not reader.forced_from_content and reader.completion().tool_calls[0].id == "c1"
+
+
+def test_2_7_sglang_sglext_output_ids_are_one_list_per_choice():
+    """SGLang 0.5.23 (protocol.py: `SglExt.output_ids: Optional[List[List[int]]]`) sends the sampled ids as one list
+    per choice; the gateway asks for one choice, so the record's completion ids are choice 0's list (a flat list,
+    as some servers send, is taken as it is)."""
+    chunks = [{"choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "matched_stop": 2}]},
+              {"choices": [], "sglext": {"input_ids": [1, 2, 3], "output_ids": [[7, 8, 2]]}}]
+    raw = b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    reader = StreamReader(False)
+    reader.feed(raw)
+    assert (reader.prompt_token_ids, reader.completion_token_ids) == ([1, 2, 3], [7, 8, 2])
+    flat = raw.replace(b"[[7,8,2]]", b"[7,8,2]")
+    reader = StreamReader(False)
+    reader.feed(flat)
+    assert reader.completion_token_ids == [7, 8, 2]

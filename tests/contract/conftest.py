@@ -85,11 +85,25 @@ def _vllm():
     return server.root_url, server.model, server.max_model_len, lambda: stop_vllm(server)
 
 
+@pytest.fixture(scope="session")
+def contract_vllm():
+    """(root URL, model, max_model_len) of the suite's real vLLM, started once for every contract test that meets
+    it (test_contract's `vllm` backend, test_record_backend's vLLM 0.32), stopped at the session's end."""
+    root, model, max_len, stop = _vllm()
+    try:
+        yield root, model, max_len
+    finally:
+        stop()
+
+
 @pytest.fixture(scope="session", params=[pytest.param("scripted", marks=pytest.mark.integration),
                                          pytest.param("vllm", marks=pytest.mark.vllm)])
 def contract(request, tokenizer_dir, tmp_path_factory) -> ContractBackend:
     name = request.param
-    root, model, max_len, stop_backend = _scripted(tokenizer_dir) if name == "scripted" else _vllm()
+    if name == "scripted":
+        root, model, max_len, stop_backend = _scripted(tokenizer_dir)
+    else:
+        (root, model, max_len), stop_backend = request.getfixturevalue("contract_vllm"), (lambda: None)
     try:
         with relayed_gateway(root, tmp_path_factory.mktemp(f"contract-{name}")) as (relay, gateway):
             yield ContractBackend(name, root, model, max_len, relay, gateway)

@@ -29,7 +29,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types as gtypes
 
-from polar.addon import record as rec
+from polar import records as rec
 
 PROTOCOLS = ("anthropic_messages", "openai_chat", "openai_responses", "google_generate")
 MODES = ("json", "stream")

@@ -1,7 +1,12 @@
-"""SGLang as the backend (issue item 5): the scripted upstream in SGLang 0.5.x's wire format (tests/support/
-sglang_upstream.py) behind the recording relay and the real gateway, with `polar_backend=auto` (kind from /v1/models
-`owned_by`) and `polar_backend=sglang`. Through each protocol, JSON and streaming, with the official SDKs:
+"""SGLang as the backend (issue item 5): a STAND-IN — the scripted upstream in SGLang 0.5.23's wire format as its
+source declares it (tests/support/sglang_upstream.py: written from the PyPI wheel's protocol.py and serving_chat.py,
+not recorded from a running SGLang; none runs here) — behind the recording relay and the real gateway, with
+`polar_backend=auto` (kind from /v1/models `owned_by`) and `polar_backend=sglang`. What these tests verify is the
+gateway against that reading of the wire, not against a real SGLang. Through each protocol, JSON and streaming, with
+the official SDKs:
 
+0. The stand-in's stream has the shape the source declares (test_0): the sglext chunk (choices [], output_ids one
+   list per choice) after the finish chunk and before the usage chunk.
 1. The gateway asks SGLang's way — the `x-sglext-return-*` headers, no `return_token_ids` in the streamed body — and
    the record carries the prompt/completion ids from the trailing `sglext` chunk and the per-chunk logprobs, exactly
    as the backend sent them; `backend` is {kind: sglang, version, system_fingerprint: null}.
@@ -22,7 +27,7 @@ import json
 import orjson
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 from tests.contract.test_contract import AGENTS, PROTOCOLS, expected_stop
 from tests.support.gateway import relayed_gateway
 from tests.support.recording_relay import RecordingRelay
@@ -57,6 +62,28 @@ def f32(values) -> list[float]:
     return array.array("f", values).tolist()
 
 
+def test_0_the_stand_ins_stream_has_the_shape_sglang_0_5_23_declares(sglang_env):
+    """What the stand-in must keep, each item read in SGLang 0.5.23's serving_chat.py / protocol.py: ids only in a
+    response-level sglext chunk (`choices: []`), `output_ids` one list per choice (SglExt: List[List[int]]), that
+    chunk after the finish chunk and before the usage chunk; the finish reason in a chunk of its own with
+    `matched_stop`; reasoning as `reasoning_content`; no `system_fingerprint`."""
+    stack = sglang_env
+    stack.upstream.script(Reply(text="Hello from SGLang.", reasoning="Think first."))
+    since = stack.relay.mark()
+    AGENTS["openai_chat"]("Say hi.", 64, True, False)
+    (ex,) = stack.relay.chats(since)
+    chunks = ex.chunks
+    kinds = ["sglext" if "sglext" in c else "usage" if c.get("usage") else
+             "finish" if c["choices"] and c["choices"][0]["finish_reason"] else "content" for c in chunks]
+    assert kinds[-3:] == ["finish", "sglext", "usage"] and set(kinds[:-3]) == {"content"}, kinds
+    finish, ext = chunks[-3], chunks[-2]
+    assert finish["choices"][0]["delta"] == {} and "matched_stop" in finish["choices"][0]
+    assert ext["choices"] == [] and set(ext["sglext"]) == {"input_ids", "output_ids"}
+    assert [len(x) for x in ext["sglext"]["output_ids"]] == [len(stack.upstream.responses[-1].completion_ids)]
+    assert any("reasoning_content" in c["choices"][0]["delta"] for c in chunks if c["choices"])
+    assert not any("system_fingerprint" in c or "token_ids" in c for c in chunks)
+
+
 @pytest.mark.parametrize("mode", ["json", "stream"])
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_1_record_has_sglang_ids_and_logprobs_and_the_agent_gets_the_backends_usage(sglang_env, protocol, mode):
@@ -74,7 +101,7 @@ def test_1_record_has_sglang_ids_and_logprobs_and_the_agent_gets_the_backends_us
     assert sent["stream"] is True and sent["logprobs"] is True
     chunks = ex.chunks
     assert not any("token_ids" in c or "prompt_token_ids" in c for c in chunks)
-    assert "sglext" in chunks[-1], "the ids arrive in the trailing chunk"
+    [ext] = [c for c in chunks if "sglext" in c]  # one sglext chunk, at response level (choices [])
     truth = ex.truth()
     answer = stack.upstream.responses[-1]
     assert truth.prompt_token_ids == answer.prompt_token_ids and truth.completion_ids == answer.completion_ids

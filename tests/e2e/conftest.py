@@ -42,9 +42,11 @@ def tool_turn(name: str, arguments: dict):
 
 
 def require_cli(harness: str) -> str:
+    """The CLI's path; CI installs every CLI (scripts/setup --clis), so there its absence fails the test."""
+    from tests.support.need import CLIS, need
+
     path = os.path.join(NPM_BIN, BINARIES[harness])
-    if not os.access(path, os.X_OK):
-        pytest.skip(f"{BINARIES[harness]} is not installed: run scripts/setup --clis")
+    need(None if os.access(path, os.X_OK) else f"{BINARIES[harness]} is not at {path}", setup=CLIS)
     return path
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.e2e.conftest import (SHELL_COMMAND, TOOL_TURNS, check_merge, check_tool_session, process_session,
                                 script_tool_session, session_records)
-from polar.addon.record import token_ids
+from polar.records import token_ids
 from tests.support.scripted_upstream import Reply
 
 pytestmark = pytest.mark.e2e

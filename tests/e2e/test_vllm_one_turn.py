@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from polar.addon.record import token_ids, unpack_floats
+from polar.records import token_ids, unpack_floats
 from tests.e2e.conftest import Agents, require_cli
 from tests.support.gateway import start_gateway
 from tests.support.vllm_server import EXTRA_EOS_MAX_NEW_TOKENS, shared_extra_eos_vllm

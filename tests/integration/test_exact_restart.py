@@ -15,7 +15,7 @@ import os
 
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 from tests.support.exact_upstream import ExactUpstream
 from tests.support.gateway import start_gateway
 from tests.support.scripted_upstream import Reply

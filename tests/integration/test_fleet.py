@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.processor.cli import main as polar_process
 from tests.support.gateway import PROXY, proxy_client, start_gateway
 from tests.support.servers import pid_alive as alive  # a zombie is gone (its parent, scripts/proxy, has exited)

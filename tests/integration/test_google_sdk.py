@@ -15,7 +15,7 @@ from google import genai
 from google.genai import errors as genai_errors
 from google.genai import types
 
-from polar.addon import record as rec
+from polar import records as rec
 from tests.support.captures import CAPTURES_DIR, capture_files
 from tests.support.records import assert_tokens_match, one_record
 from tests.support.scripted_upstream import Reply
@@ -44,6 +44,7 @@ def sse_events(raw: bytes) -> list[types.GenerateContentResponse]:
 # -- 1. answers ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.reroute
 def test_1_1_json_answer_carries_the_backends_usage_and_a_complete_record(gateway, upstream):
     upstream.script(Reply(text="Hello there."))
     resp = sdk(gateway).models.generate_content(
@@ -63,6 +64,7 @@ def test_1_1_json_answer_carries_the_backends_usage_and_a_complete_record(gatewa
     assert sent["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 
 
+@pytest.mark.reroute
 def test_1_2_sse_stream_shows_thoughts_and_text_and_ends_with_usage(gateway, upstream):
     upstream.script(Reply(text="Streaming works fine.", reasoning="Let me think."))
     chunks = list(sdk(gateway).models.generate_content_stream(
@@ -92,6 +94,7 @@ def test_1_3_max_output_tokens_is_max_tokens(gateway, upstream):
     assert one_record(gateway)["provider_stop_reason"] == "MAX_TOKENS"
 
 
+@pytest.mark.reroute
 def test_1_4_stream_without_alt_sse_is_one_json_array(gateway, upstream):
     upstream.script(Reply(text="An array of answers."))
     with gateway.http_client(timeout=60) as http:
@@ -214,6 +217,7 @@ def test_4_2_count_tokens_answers_from_tokenize_without_a_record(gateway, upstre
     assert gateway.records() == [] and upstream.chat_requests == []
 
 
+@pytest.mark.reroute
 def test_4_3_key_query_parameter_never_reaches_the_record(gateway, upstream):
     upstream.script(Reply(text="ok"))
     with gateway.http_client() as http:

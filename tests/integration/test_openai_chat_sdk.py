@@ -52,6 +52,7 @@ def user(text: str) -> list[dict]:
 # -- 1. answers ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.reroute
 def test_1_1_json_answer_is_a_chat_completion_with_the_backends_usage(gateway, upstream):
     upstream.script(Reply(text="Hello there."))
     raw = sdk(gateway).chat.completions.with_raw_response.create(
@@ -93,6 +94,7 @@ def test_1_2_dashscope_stream_role_reasoning_content_finish_usage_done(gateway, 
     assert_tokens_match(r, upstream)
 
 
+@pytest.mark.reroute
 def test_1_3_raw_stream_shape_and_no_usage_chunk_unless_asked(gateway, upstream):
     upstream.script(Reply(text="No usage for you."), Reply(text="Usage for you."))
     with gateway.http_client(timeout=60) as http:
@@ -222,6 +224,7 @@ def test_3_2_backend_failures_before_headers_are_openais_errors(gateway, upstrea
     assert r["error"] is not None and r["provider_status"] == status
 
 
+@pytest.mark.reroute
 def test_3_3_mid_stream_loss_is_an_error_event_without_done(gateway, upstream):
     upstream.script(Reply(text="This answer will be cut off somewhere in the middle of it.",
                           fault="disconnect_after:3"),

@@ -39,6 +39,7 @@ def sdk(gateway, session: str | None = "resp-session", base_url: str = OPENAI_V1
 # -- 1. answers ----------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.reroute
 def test_1_1_json_answer_is_a_response_with_the_backends_usage(gateway, upstream):
     upstream.script(Reply(text="Hello there."))
     resp = sdk(gateway).responses.create(model="gpt-5", instructions="be brief", input="hi", store=False)
@@ -55,6 +56,7 @@ def test_1_1_json_answer_is_a_response_with_the_backends_usage(gateway, upstream
     assert sent["messages"][:2] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
 
 
+@pytest.mark.reroute
 def test_1_2_stream_is_the_full_event_sequence_and_accumulates_in_the_sdk(gateway, upstream):
     upstream.script(Reply(text="Streaming works fine.", reasoning="Let me think."))
     client = sdk(gateway)
@@ -179,6 +181,7 @@ def test_3_3_mid_stream_loss_is_response_failed(gateway, upstream):
 # -- 4. routes and sessions ----------------------------------------------------------------------------------------
 
 
+@pytest.mark.reroute
 def test_4_1_websocket_upgrade_is_426_and_side_endpoints_are_fast_404s(gateway, upstream):
     with gateway.http_client() as http:
         ws = http.get("https://api.openai.com/v1/responses",

@@ -16,7 +16,6 @@ import httpx
 import pytest
 
 from tests.support.gateway import PROXY, ROOT, proxy_client, start_gateway
-from tests.support.scripts import load_script
 from tests.support.sentinel import Sentinel
 from tests.support.servers import free_port, wait_for
 from tests.support.tls import polar_import_blocker
@@ -135,7 +134,7 @@ class ReadinessEndpoint:
 
 def test_3_1_not_ready_answers_mean_wait():
     """The readiness race (issue 13 item 3): a bare 503 {"ready": false} is a start-up in progress, not a failure."""
-    proxy = load_script("scripts/proxy", "proxy_under_test")
+    from polar.launch import proxy
     endpoint = ReadinessEndpoint(not_ready=4)
 
     class Running:

@@ -34,8 +34,9 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 
 @pytest.fixture(scope="module")
 def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"Debian's chromium is not installed ({CHROMIUM}): apt-get install chromium")
+    from tests.support.need import SYSTEM, need
+
+    need(None if os.path.exists(CHROMIUM) else f"Debian's chromium is not at {CHROMIUM}", setup=SYSTEM)
     os.environ.setdefault("PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD", "1")
     from playwright.sync_api import sync_playwright
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.processor.normalize import Call, to_call
 
 EOT = 2

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from polar.addon import record as rec
+from polar import records as rec
 
 EOT = 2
 SYSTEM, USER, ASSISTANT, TOOL = 3, 4, 5, 6

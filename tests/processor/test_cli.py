@@ -6,7 +6,7 @@ import os
 import polars as pl
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.processor.cli import main
 from polar.processor.writers import CALLS_SCHEMA, SEQUENCES_SCHEMA
 from tests.processor.synth import EOT, session_records, write_flows

@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.processor import cli
 from polar.processor.cli import main
 from polar.processor.engine import partition_of
 from tests.processor.synth import session_records
+from tests.support.need import need_module
 
 pytestmark = pytest.mark.unit
 
@@ -23,7 +24,9 @@ VOLATILE = ("seconds", "tokens_per_second", "options", "engine")
 
 @pytest.fixture(scope="module")
 def ray_local():
-    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'polar-gateway[ray]'")
+    need_module("ray")  # an extra of its own, and in [dev]: scripts/setup installs it, so CI has it
+    import ray
+
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     yield ray
     ray.shutdown()

@@ -8,7 +8,7 @@ import os
 import polars as pl
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.processor import engine
 from polar.processor.cli import main
 from tests.processor.synth import session_records

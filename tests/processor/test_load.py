@@ -5,7 +5,7 @@ import os
 import msgpack
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.processor.load import InputError, RecordSource, build_index
 from tests.processor.synth import session_records, write_flows
 
@@ -84,7 +84,7 @@ def test_1_7_a_file_that_is_not_a_flow_file_is_an_error_in_the_record_readers_wo
 
 def test_9_1_integer_stop_reason_is_indexed_as_text(tmp_path):
     """vLLM reports a matched stop token id as an int stop_reason; the Utf8 index columns must take it."""
-    from polar.addon import record as rec
+    from polar import records as rec
     from polar.processor import cli
 
     w = rec.FlowWriter(str(tmp_path / "flows"), min_free_mb=0)

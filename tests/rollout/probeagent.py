@@ -119,6 +119,26 @@ def through_proxy(proxy: tuple[str, int], head: str, then: bytes = b"", body: bo
     return out
 
 
+def spoofed_proxy(cfg: dict, env: dict, k: int) -> str:
+    """The proxy URL with another run's session as its user name."""
+    url = urlsplit(env["HTTPS_PROXY"])
+    return f"http://{quote(cfg['spoofed_session'][str(k)], safe='')}:x@{url.hostname}:{url.port}"
+
+
+def model_call(cfg: dict, env: dict, k: int) -> dict:
+    """One real model call through the spoofed proxy URL (left in os.environ for what follows)."""
+    os.environ["HTTPS_PROXY"] = os.environ["https_proxy"] = spoofed_proxy(cfg, env, k)
+    try:
+        import openai
+
+        client = openai.OpenAI(api_key="sk-polar-dummy", max_retries=0, timeout=cfg.get("model_call_timeout_s", 60))
+        reply = client.chat.completions.create(
+            model="polar-test", max_tokens=16, messages=[{"role": "user", "content": f"probe sample {k}"}])
+        return {"ok": True, "content": reply.choices[0].message.content}
+    except Exception as e:  # noqa: BLE001 — recorded, the test says what went wrong
+        return {"ok": False, "error": f"{type(e).__name__}: {e}"}
+
+
 def run(instruction: str, workdir: str, env: dict) -> int | None:
     cfg = json.loads((pathlib.Path(__file__).with_name("probe_config.json")).read_text())
     app = pathlib.Path(workdir)
@@ -128,9 +148,11 @@ def run(instruction: str, workdir: str, env: dict) -> int | None:
     (app / "marker.txt").write_text(f"sample {k}\n")
     pathlib.Path(env["HOME"], "marker.txt").write_text(f"sample {k}\n")
 
-    # --- the other sample's workdir and HOME by their host paths, first (after a moment, so that both samples are
-    # alive: the test checks the time against the other sample's start and end)
-    time.sleep(cfg.get("overlap_s", 1.0))
+    # --- one real model call, with another run's session in the proxy URL (the relay must put ours back). It is
+    # also the rendezvous: the test's upstream holds each sample's answer until both samples are parked in their call,
+    # so when it returns the other sample is running too (the test checks the time against its start and end)
+    res["model_call"] = model_call(cfg, env, k)
+    # --- the other sample's workdir and HOME by their host paths, while it runs
     res["t_other"] = time.time()
     res["other_sample"] = {p: probe_path(p) for p in cfg["other_sample_paths"][str(k)]}
     # --- the host's files by their absolute paths
@@ -200,26 +222,13 @@ def run(instruction: str, workdir: str, env: dict) -> int | None:
                    "Host: api.openai.com\r\n\r\n"),
     }
 
-    # --- one real model call, with another run's session in the proxy URL (the relay must put ours back)
-    spoofed = f"http://{quote(cfg['spoofed_session'][str(k)], safe='')}:x@{url.hostname}:{url.port}"
-    os.environ["HTTPS_PROXY"] = os.environ["https_proxy"] = spoofed
-    try:
-        import openai
-
-        client = openai.OpenAI(api_key="sk-polar-dummy", max_retries=0, timeout=60)
-        reply = client.chat.completions.create(
-            model="polar-test", max_tokens=16, messages=[{"role": "user", "content": f"probe sample {k}"}])
-        res["model_call"] = {"ok": True, "content": reply.choices[0].message.content}
-    except Exception as e:  # noqa: BLE001 — recorded, the test says what went wrong
-        res["model_call"] = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-
     res["t_end"] = time.time()
     # --- inside a provider's decrypted tunnel: paths that are no model call must not reach the backend
     res["provider_paths"] = {}
     try:
         import httpx
 
-        with httpx.Client(proxy=spoofed, verify=env["SSL_CERT_FILE"], timeout=30) as client:
+        with httpx.Client(proxy=spoofed_proxy(cfg, env, k), verify=env["SSL_CERT_FILE"], timeout=30) as client:
             for method, url in cfg["provider_paths"]:
                 try:
                     r = client.request(method, url, json={} if method == "POST" else None,

@@ -14,11 +14,11 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from polar.rollout import sandbox
 from tests.e2e.conftest import require_cli
 from tests.rollout.cli_policy import CliPolicy
 from tests.rollout.rollout_support import explain, latest, results, rewards, rollout, rollout_env
 from tests.support.gateway import ROOT
+from tests.support.need import need_sandbox
 
 pytestmark = pytest.mark.e2e
 
@@ -27,9 +27,7 @@ TIMEOUT = 300
 
 
 def _bwrap() -> None:
-    why = sandbox.available("bwrap")
-    if why:
-        pytest.skip(why)
+    need_sandbox("bwrap")
 
 
 def _run(tmp_path, upstream, monkeypatch, agent: str, harness: str, *, samples: int, box: str, run_id: str,

@@ -23,11 +23,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from polar.addon import record as rec
-from polar.rollout import sandbox
+from polar import records as rec
 from tests.e2e.conftest import BINARIES, NPM_BIN
 from tests.rollout.rollout_support import explain, results, rewards, rollout
 from tests.support.gateway import ROOT
+from tests.support.need import CLIS as CLIS_SETUP
+from tests.support.need import need, need_sandbox
 from tests.support.vllm_server import shared_extra_eos_vllm
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
@@ -52,11 +53,8 @@ def _installed(harness: str) -> bool:
 @pytest.fixture(scope="module")
 def cli_runs(tmp_path_factory):
     """(server, {harness: (RUN, finished process)}) for every installed CLI: one polar-rollout run each."""
-    why = sandbox.available("bwrap")
-    if why:
-        pytest.skip(why)
-    if not any(_installed(h) for h in CLIS):
-        pytest.skip("no agent CLI is installed: run scripts/setup --clis")
+    need_sandbox("bwrap")
+    need(None if any(_installed(h) for h in CLIS) else f"no agent CLI is in {NPM_BIN}", setup=CLIS_SETUP)
     server, gen = shared_extra_eos_vllm()  # tests/e2e's server: one start per session
     base = tmp_path_factory.mktemp("cli-vllm")
     done, walls = {}, {}
@@ -90,8 +88,7 @@ def test_1_one_sample_per_cli_against_the_tiny_vllm_through_bwrap(cli_runs, harn
     server, done = cli_runs
     if harness in SLOW_CLIS and not ALL_CLIS:
         pytest.skip(f"{harness}: POLAR_TEST_ALL_CLIS=1 runs it too (kept out of CI for its time; tests/e2e covers it)")
-    if harness not in done:
-        pytest.skip(f"{BINARIES[harness]} is not installed: run scripts/setup --clis")
+    need(None if harness in done else f"{BINARIES[harness]} is not in {NPM_BIN}", setup=CLIS_SETUP)
     run, proc = done[harness]
     why = _why(run, proc)
     assert proc.returncode == 0, why

@@ -31,17 +31,24 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.rollout import runner, sandbox
 from tests.rollout.rollout_support import HERE, explain, make_task, results, rollout, rollout_env
+from tests.support.need import need_sandbox
+from tests.support.scripted_upstream import Reply
 
 pytestmark = pytest.mark.integration
 
+# How long the two samples may take to be in their model call at once (sandbox starts differ; a loaded machine): a
+# deadline that only turns a sample that never arrives into a failure, well inside the 120 s agent timeout
+RENDEZVOUS_DEADLINE_S = 90.0
+REPO = Path(__file__).resolve().parents[2]  # the repository (scripts/, certs/, .cache/, .venv)
 TASK = "probe"
 RUN_ID = "iso1"
 RELAY_PORT = sandbox.RELAY_PORT
@@ -137,7 +144,7 @@ def _host_ips() -> list[str]:
 
 
 def _host_paths(tasks: Path, run: Path, tmp_path: Path) -> list[str]:
-    root = runner.ROOT
+    root = REPO
     paths = [root, root / "README.md", root / "pyproject.toml", root / "rollout" / "runner.py", root / ".git",
              root / "certs", *sorted((root / "certs").glob("*")), root / ".cache", root / ".cache" / "run",
              *sorted((root / ".cache" / "run").glob("*"))[:10], root / "flows", root / ".venv" / "pyvenv.cfg",
@@ -168,7 +175,7 @@ def _probe_task(tasks: Path, run: Path, tmp_path: Path, upstream, listener: List
     cfg = {"paths": _host_paths(tasks, run, tmp_path), "other_sample_paths": other, "host_ips": _host_ips(),
            "host_ports": [listener.port, upstream.port], "unix_sockets": unix_sockets,
            "upstream_port": upstream.port, "provider_paths": PROVIDER_PATHS, "write_targets": WRITE_TARGETS,
-           "full_scan": 0, "overlap_s": 1.0,
+           "full_scan": 0, "model_call_timeout_s": RENDEZVOUS_DEADLINE_S + 10,
            # sample 0 claims sample 1's real session, sample 1 another run's
            "spoofed_session": {"0": f"{RUN_ID}/{TASK}/1/0", "1": f"r-other/{TASK}/9/0"}}
     (task / "agent" / "probe_config.json").write_text(json.dumps(cfg, indent=1))
@@ -189,20 +196,39 @@ def listener():
     lis.close()
 
 
+class Rendezvous(threading.Thread):
+    """The moment both samples are provably running: each one's model call parked at the upstream's gate at once.
+    `at` is that host time (None: never, by the deadline); then both calls go on."""
+
+    def __init__(self, upstream, n: int = 2):
+        super().__init__(daemon=True)
+        self.upstream, self.n, self.at = upstream, n, None
+        self.start()
+
+    def run(self) -> None:
+        up = self.upstream
+        with up._gate_cond:
+            met = up._gate_cond.wait_for(lambda: up._gate_waiting >= self.n, RENDEZVOUS_DEADLINE_S)
+        if met:
+            self.at = time.time()
+        up.release(self.n)
+
+
 @pytest.mark.parametrize("kind", ["bwrap", "docker"])
-def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, request):
+def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, request, monkeypatch):
     env = rollout_env()
     unix_sockets = ["/var/run/docker.sock", "/run/docker.sock"]
     if kind == "bwrap":
-        why = sandbox.available("bwrap")
-        if why:
-            pytest.skip(why)
+        need_sandbox("bwrap")
     else:
         host = request.getfixturevalue("dockerd")
         env = rollout_env(DOCKER_HOST=host)
         unix_sockets.append(host.removeprefix("unix://"))
     tasks, run = tmp_path / "tasks", tmp_path / "run"
     _probe_task(tasks, run, tmp_path, upstream, listener, unix_sockets)
+    monkeypatch.setattr(upstream, "gate_timeout", RENDEZVOUS_DEADLINE_S + 5)
+    upstream.script(Reply(text="probe answer", gate=True), Reply(text="probe answer", gate=True))
+    meet = Rendezvous(upstream)
     proc = rollout(str(tasks), "--agent", "python:probeagent:run", "--out", str(run), "--sandbox", kind,
                    "--upstream", upstream.base_url, "--samples", "2", "--parallel", "2", "--skip-preflight",
                    "--no-process", "--run-id", RUN_ID, "--agent-timeout", "120", env=env, timeout=240)
@@ -229,7 +255,8 @@ def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, r
         # the other sample: its workdir and HOME by host path, while it was running; its mounts; host processes
         assert set(res["other_sample"].values()) == {"ENOENT"}, res["other_sample"]
         other = lines[1 - k]
-        assert other["t_start"] < res["t_other"] < other["t_end"], "the samples did not overlap"
+        assert meet.at is not None, "the two samples were never in their model call at once"
+        assert other["t_start"] < meet.at < res["t_other"] < other["t_end"], "the samples did not overlap"
         assert f".work/{TASK}-{1 - k}-" not in res["mountinfo"]
         # only the sandbox's own processes (bwrap's pid 1, the relay wrapper, the agent); bwrap's own argv names
         # the host paths it binds, which is no access to them
@@ -245,7 +272,7 @@ def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, r
         for name in REFUSED_PROBES:
             got = res["proxy"][name]
             assert got["status"] == 403 and got["tunnel_reply"] is None, (name, got)
-        assert res["model_call"]["ok"] is True, res["model_call"]
+        assert res["model_call"] == {"ok": True, "content": "probe answer"}, res["model_call"]
         # inside a provider's decrypted tunnel, what is no model call is answered by the gateway, never forwarded
         assert sorted(res["provider_paths"]) == sorted(f"{m} {u}" for m, u in PROVIDER_PATHS), res["provider_paths"]
         assert all(isinstance(v, int) and 400 <= v < 500 for v in res["provider_paths"].values()), res["provider_paths"]
@@ -254,7 +281,7 @@ def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, r
     refused.pop("self-connect", None)  # an ephemeral port picked as its own source port: no listener
     assert refused == {"ECONNREFUSED": 65534 - probes[0]["loopback_refused"].get("self-connect", 0)}, refused
     assert listener.accepted == []
-    assert not (runner.ROOT / ".venv" / "probe-write").exists()
+    assert not (REPO / ".venv" / "probe-write").exists()
     assert not (tasks / TASK / "agent" / "probe-write").exists()
     assert set(cfg["host_ips"]) >= {"127.0.0.1", "::1"}
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 from polar.rollout import agents, runner
 
 pytestmark = pytest.mark.unit
@@ -107,7 +107,7 @@ def _dead_pid() -> int:
 
 
 def test_3_2_a_dead_writers_open_files_are_closed_at_their_last_whole_record(tmp_path):
-    host = runner.socket.gethostname().replace("-", "_").replace("/", "_")
+    host = rec.local_host()
     writer = rec.FlowWriter(str(tmp_path))
     writer.write(rec.new_record(id="r1", session="s", t_start=1.0))
     path = Path(writer.current_path)
@@ -180,5 +180,5 @@ def test_4_4_scripts_run_agent_runs_the_shared_code():
     from tests.support.scripts import load_script
 
     ra = load_script("scripts/run-agent", "run_agent_shared_under_test")
-    assert ra.build.__module__ == "polar_rollout_agents" and ra.build.__code__.co_filename.endswith(
+    assert ra.build.__module__ == "polar.rollout.agents" and ra.build.__code__.co_filename.endswith(
         os.path.join("rollout", "agents.py"))

@@ -1,5 +1,6 @@
 """The code's shape, as issue 14 set it (no sockets): short functions, declared seams instead of probing, each
-contract table written once."""
+contract table written once; and as issue 21 set it: the flow record and the flow directory have one home,
+`polar.records`, which stands on nothing else of the project."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def _functions(folder: str):
                 yield path.relative_to(ROOT), node
 
 
-@pytest.mark.parametrize("folder", ["addon", "processor"])
+@pytest.mark.parametrize("folder", ["addon", "processor", "records"])
 def test_1_1_no_function_over_80_lines(folder):
     long = [f"{p}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)" for p, n in _functions(folder)
             if n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
@@ -38,9 +39,135 @@ def test_1_2_the_driver_never_probes_a_codec():
     ('"unavailable": (503, "server_error", "service_unavailable")', "addon/provider_errors.py"),
     ('body["max_tokens"] = room', "addon/shaping.py"),
     ('/tokenize"', "addon/backend.py"),
-    ('"v", "id", "session", "session_source"', "addon/record.py"),
+    ('"v", "id", "session", "session_source"', "records/schema.py"),
 ])
 def test_1_3_each_contract_is_written_once(needle, home):
-    where = [str(p.relative_to(ROOT)) for folder in ("addon", "processor") for p in (ROOT / folder).rglob("*.py")
-             if needle in p.read_text()]
+    where = [str(p.relative_to(ROOT)) for folder in ("addon", "processor", "records") for p in
+             (ROOT / folder).rglob("*.py") if needle in p.read_text()]
     assert where == [home]
+
+
+# -- 2. the record contract and the flow directory live in polar.records (issue 21) ---------------------------------
+
+HOUSE = ("addon", "processor", "rollout", "trainer", "launch", "scripts")
+SCRIPTS = ("scripts/proxy", "scripts/vllm", "scripts/run-agent")  # python scripts without a .py suffix
+
+
+def _house_files(with_records: bool = False) -> list[pathlib.Path]:
+    """Every python file of the house (records/ only when asked), the extension-less python scripts included."""
+    folders = HOUSE + (("records",) if with_records else ())
+    files = [p for folder in folders for p in (ROOT / folder).rglob("*.py")]
+    return sorted(files + [ROOT / s for s in SCRIPTS if (ROOT / s).is_file()])
+
+
+def _calls_unpacker(tree: ast.AST) -> bool:
+    """`msgpack.Unpacker(...)`, or `Unpacker(...)` imported from msgpack."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            if isinstance(f, ast.Attribute) and f.attr == "Unpacker" or isinstance(f, ast.Name) and f.id == "Unpacker":
+                return True
+        if isinstance(node, ast.ImportFrom) and node.module == "msgpack" and any(a.name == "Unpacker"
+                                                                                 for a in node.names):
+            return True
+    return False
+
+
+def test_2_1_nothing_outside_polar_records_names_flow_files_or_unpacks_them():
+    """Flow file names (`flows-…`, `.msgpack.open`) are built and parsed, and records skimmed or unpacked, only in
+    polar.records; addon/record.py, its re-export, holds none of it either."""
+    found = []
+    for path in _house_files():
+        text = path.read_text()
+        rel = str(path.relative_to(ROOT))
+        found += [f"{rel}: {needle}" for needle in ("flows-", ".msgpack.open", ".read_map_header(") if needle in text]
+        if _calls_unpacker(ast.parse(text)):
+            found.append(f"{rel}: msgpack.Unpacker")
+    assert found == []
+
+
+def test_2_2_uuid7_has_one_home():
+    where = [str(p.relative_to(ROOT)) for p in _house_files(with_records=True)
+             if re.search(r"^\s*def uuid7\b", p.read_text(), re.MULTILINE)]
+    assert where == ["records/schema.py"]
+
+
+def test_2_3_polar_records_imports_nothing_else_of_the_project():
+    modules = {p.name for p in (ROOT / "records").glob("*.py")}
+    assert {"schema.py", "flowdir.py"} <= modules  # the contract, and the flow directory
+    outside = []
+    for path in sorted((ROOT / "records").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else []
+            outside += [f"{path.relative_to(ROOT)}: {n}" for n in names
+                        if n.split(".")[0] == "polar" and n != "polar.records" and not n.startswith("polar.records.")
+                        or n.split(".")[0] in HOUSE + ("records",)]
+    assert outside == []
+
+
+# -- 3. the services' lifecycle lives in polar.launch (issue 21) ----------------------------------------------------
+
+PACKAGE = ("addon", "processor", "rollout", "trainer", "launch", "records")
+
+
+def _package_files() -> list[pathlib.Path]:
+    return sorted(p for folder in PACKAGE for p in (ROOT / folder).rglob("*.py"))
+
+
+def _strings(tree: ast.AST):
+    """(node, text) for every string constant, the literal parts of f-strings included."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield node, node.value
+
+
+def _path_parts_under_scripts(tree: ast.AST) -> list[str]:
+    """Paths into scripts/ the code builds: "scripts" as a segment of a join or of a call's arguments
+    (`ROOT / "scripts" / "proxy"`, `os.path.join(ROOT, "scripts", "vllm")`), a segment starting "scripts/", or an
+    f-string continuing a path with "/scripts/". A sentence that mentions `scripts/setup` builds no path."""
+    found = []
+    for node in ast.walk(tree):
+        operands = []
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+            operands = [node.left, node.right]
+        elif isinstance(node, ast.Call):
+            operands = list(node.args)
+        for op in operands:
+            if isinstance(op, ast.Constant) and isinstance(op.value, str) and (
+                    op.value == "scripts" or op.value.startswith("scripts/")):
+                found.append(f"line {op.lineno}: {op.value!r}")
+        if isinstance(node, ast.JoinedStr):
+            found += [f"line {v.lineno}: {v.value!r}" for v in node.values
+                      if isinstance(v, ast.Constant) and isinstance(v.value, str) and "/scripts/" in v.value]
+    return found
+
+
+def test_3_1_no_package_code_runs_or_names_a_path_under_scripts():
+    """The package works from a wheel: it never reaches into the checkout's scripts/ (the scripts are thin command
+    lines over the package, not the other way round)."""
+    found = [f"{p.relative_to(ROOT)} {hit}" for p in _package_files() for hit in _path_parts_under_scripts(
+        ast.parse(p.read_text()))]
+    assert found == []
+
+
+RUN_FILE_NAME = re.compile(r"(^|/)(proxy|vllm)\.json$")
+
+
+def test_3_2_run_files_are_read_and_written_only_through_polar_launch_runfiles():
+    """The run files' names are spelt only where they are defined (launch/paths.py) and their JSON is handled only
+    in launch/runfiles.py: every other reader (rollout, trainer, the scripts, the test gateway) goes through them."""
+    files = _package_files() + [ROOT / s for s in SCRIPTS if (ROOT / s).is_file()] + [
+        ROOT / "tests" / "support" / "gateway.py"]
+    where = sorted({str(p.relative_to(ROOT)) for p in files for _, text in _strings(ast.parse(p.read_text()))
+                    if RUN_FILE_NAME.search(text)})
+    assert where == ["launch/paths.py"]
+
+
+def test_3_3_process_identity_has_one_home():
+    """"Is this pid alive and one of ours" is decided in one place, launch/process.py (a pid's command line against
+    the caller's marker). rollout/sandbox.py also reads command lines, to sweep what a dead run's sandboxes left
+    (by their environment, not a pid's identity)."""
+    files = _package_files() + [ROOT / s for s in SCRIPTS if (ROOT / s).is_file()]
+    where = sorted(str(p.relative_to(ROOT)) for p in files if "/cmdline" in p.read_text())
+    assert where == ["launch/process.py", "rollout/sandbox.py"]

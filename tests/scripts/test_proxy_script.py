@@ -14,14 +14,16 @@ from urllib.parse import unquote, urlsplit
 import pytest
 
 from tests.support.gateway import PROXY
-from tests.support.scripts import load_script
 
 pytestmark = pytest.mark.unit
 
 
 @pytest.fixture(scope="module")
 def proxy():
-    return load_script("scripts/proxy", "proxy_under_test")
+    """The command behind scripts/proxy (polar-proxy): its parser and the functions it prints with."""
+    from polar.launch import proxy_cli
+
+    return proxy_cli
 
 
 def dead_pid() -> int:

@@ -1,4 +1,4 @@
-"""Start the real gateway (scripts/proxy → mitmdump -s addon/polar_addon.py) for integration tests.
+"""Start the real gateway (scripts/proxy → mitmdump -s polar/addon/polar_addon.py) for integration tests.
 
 `start_gateway(...)` returns a GatewayHandle, which stops the proxy on `stop()` or at the end of a `with` block;
 `relayed_gateway(...)` puts a recording relay between a backend and a new gateway. `proxy_client` /
@@ -7,7 +7,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import ssl
 import subprocess
@@ -16,6 +15,8 @@ from typing import Iterator
 
 import httpx
 
+from polar.launch import paths
+from polar.launch.runfiles import ProxyRunFile
 from tests.support.records import flow_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -114,8 +115,7 @@ def start_gateway(upstream: str, run_dir: str, flows: str, sets: list[str] | Non
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"scripts/proxy start failed ({proc.returncode}):\n{proc.stderr}")
-    with open(os.path.join(run_dir, "proxy.json")) as fh:
-        return GatewayHandle(json.load(fh), run_dir)
+    return GatewayHandle(ProxyRunFile.read(paths.proxy_run_file(run_dir)).to_dict(), run_dir)
 
 
 @contextlib.contextmanager

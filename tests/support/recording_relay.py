@@ -103,8 +103,10 @@ class Exchange:
             if isinstance(ext, dict):
                 if ext.get("input_ids") is not None:
                     t.prompt_token_ids = list(ext["input_ids"])
-                if ext.get("output_ids") is not None:
-                    t.completion_ids = list(ext["output_ids"])
+                if ext.get("output_ids") is not None:  # one list per choice (SGLang 0.5.23's SglExt.output_ids)
+                    per_choice = ext["output_ids"]
+                    assert all(isinstance(x, list) for x in per_choice), f"output_ids is per choice: {per_choice}"
+                    t.completion_ids = list(per_choice[0])
             for choice in doc.get("choices") or []:
                 if choice.get("prompt_token_ids") is not None and t.prompt_token_ids is None:
                     t.prompt_token_ids = list(choice["prompt_token_ids"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from polar.addon import record as rec
+from polar import records as rec
 
 
 def flow_records(flows_dir: str) -> list[dict]:

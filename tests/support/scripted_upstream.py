@@ -171,6 +171,7 @@ class ScriptedUpstream(LoopbackHTTPServer):
         self.gate_timeout = gate_timeout
         self.logprob_seed = logprob_seed
         self.system_fingerprint = f"vllm-{version}-scripted"
+        self.weight_version_label = "0"  # the version string of the spans a ≥ 0.33 stand-in sends
         self._host, self._port = host, port
         self._lock = threading.RLock()
         self._queue: list[Reply] = []
@@ -858,9 +859,13 @@ class _Handler(BaseHTTPRequestHandler):
             return self._chat_full(body, plan, faults, rid, created, usage, want_ids, want_lp)
         return self._chat_stream(body, plan, faults, rid, created, usage, want_ids, want_lp)
 
-    def _weight_versions(self, body: dict) -> list[str] | None:
-        if body.get("return_weight_versions") and tuple(int(x) for x in self.upstream.version.split(".")[:2]) >= (0, 33):
-            return ["0"]
+    def _weight_versions(self, body: dict, n_ids: int) -> list[dict] | None:
+        """vLLM ≥ 0.33 with `return_weight_versions`: per choice, spans of the sampled ids and the weight version
+        that sampled them, `[{"version", "start", "end"}]` (the shape vLLM's own test of weight-version delivery
+        expects: SPAN_JSON = [{"version": "v7", "start": 0, "end": 1}]), on the full choice or the terminal chunk's."""
+        new = tuple(int(x) for x in self.upstream.version.split(".")[:2]) >= (0, 33)
+        if body.get("return_weight_versions") and new:
+            return [{"version": self.upstream.weight_version_label, "start": 0, "end": n_ids}]
         return None
 
     def _chat_full(self, body, plan: _Plan, faults, rid, created, usage, want_ids, want_lp) -> None:
@@ -873,7 +878,7 @@ class _Handler(BaseHTTPRequestHandler):
                   "logprobs": {"content": plan.logprobs_content(0, len(plan.ids))} if want_lp else None,
                   "finish_reason": plan.finish_reason, "stop_reason": plan.stop_reason,
                   "token_ids": list(plan.ids) if want_ids else None}
-        wv = self._weight_versions(body)
+        wv = self._weight_versions(body, len(plan.ids))
         if wv is not None:
             choice["weight_versions"] = wv
         resp = {"id": rid, "object": "chat.completion", "created": created, "model": up.model,
@@ -913,7 +918,7 @@ class _Handler(BaseHTTPRequestHandler):
         first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
         event(chunk([first], **({"prompt_token_ids": list(plan.prompt_ids)} if want_ids else {})))
         deltas = plan.stream_deltas()
-        wv = self._weight_versions(body)
+        wv = self._weight_versions(body, len(plan.ids))
         for k, (a, b, delta) in enumerate(deltas):
             last = k == len(deltas) - 1
             ch: dict = {"index": 0, "delta": delta,

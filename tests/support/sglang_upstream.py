@@ -1,11 +1,16 @@
-"""The scripted upstream in SGLang's wire format (0.5.x, FIELD-NOTES §1), as a thin layer over ScriptedUpstream.
+"""The scripted upstream in SGLang's wire format, as a thin layer over ScriptedUpstream: a stand-in WRITTEN FROM
+SGLang 0.5.23's source (the PyPI wheel's sglang/srt/entrypoints/openai/protocol.py and serving_chat.py, read, not
+run), never recorded from a running SGLang (none runs here: it needs a GPU build of torch).
 
 Same script, tokenizer, template, parsers and faults as the vLLM stand-in; only the wire differs:
 - `/v1/models` entries are `owned_by: "sglang"`; `/version` answers SGLang's version.
 - Streaming: no `prompt_token_ids` / `token_ids` in chunks whatever the body asks; with the request headers
-  `x-sglext-return-input-ids: 1` / `x-sglext-return-output-ids: 1` the ids arrive in ONE trailing chunk
-  `{"choices": [], "sglext": {"input_ids": [...], "output_ids": [...]}}` after the usage chunk, before `[DONE]`.
-- Non-streaming with `return_token_ids: true`: per-choice `prompt_token_ids` and `response_token_ids`.
+  `x-sglext-return-input-ids: 1` / `x-sglext-return-output-ids: 1` the ids arrive in ONE chunk
+  `{"choices": [], "sglext": {"input_ids": [...], "output_ids": [[...]]}}` (SglExt.output_ids is List[List[int]]:
+  one list per choice) after the finish chunk and before the usage chunk; the finish reason comes in a chunk of its
+  own after the content chunks.
+- Non-streaming with `return_token_ids: true`: per-choice `prompt_token_ids` and `response_token_ids`; with the
+  headers, the same response-level `sglext`.
 - Reasoning is `reasoning_content` (message and delta); the finish chunk carries `matched_stop`, not `stop_reason`;
   no `system_fingerprint`.
 - `/tokenize` takes a text `prompt` only (no chat messages): a messages body is a 400, as SGLang's request model
@@ -102,7 +107,19 @@ class _SGLangHandler(_Handler):
             choice["response_token_ids"] = list(plan.ids)
         resp = {"id": rid, "object": "chat.completion", "created": created, "model": up.model,
                 "choices": [choice], "usage": dict(usage, prompt_tokens_details=None), "metadata": None}
+        ext = self._sglext(plan)
+        if ext:  # serving_chat.py: the sglext headers' ids at response level here too
+            resp["sglext"] = ext
         self._send_json(200, resp)
+
+    def _sglext(self, plan: _Plan) -> dict:
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        ext: dict = {}
+        if headers.get(INPUT_IDS_HEADER, "").lower() in ("1", "true"):
+            ext["input_ids"] = list(plan.prompt_ids)
+        if headers.get(OUTPUT_IDS_HEADER, "").lower() in ("1", "true"):
+            ext["output_ids"] = [list(plan.ids)]  # one list per choice
+        return ext
 
     def _chat_stream(self, body, plan: _Plan, faults, rid, created, usage, want_ids, want_lp) -> None:
         up = self.upstream
@@ -138,26 +155,23 @@ class _SGLangHandler(_Handler):
             return
         event(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                       "finish_reason": None, "matched_stop": None}]))
-        deltas = plan.stream_deltas()
-        for k, (a, b, delta) in enumerate(deltas):
-            last = k == len(deltas) - 1
-            ch = {"index": 0, "delta": _sglang_delta(delta),
-                  "logprobs": {"content": plan.logprobs_content(a, b)} if want_lp else None,
-                  "finish_reason": plan.finish_reason if last else None,
-                  "matched_stop": _matched_stop(plan) if last else None}
-            event(chunk([ch]))
-        if not deltas:
-            event(chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": plan.finish_reason,
-                          "matched_stop": _matched_stop(plan)}]))
-        if (body.get("stream_options") or {}).get("include_usage"):
-            event(chunk([], usage=usage))
+        for a, b, delta in plan.stream_deltas():
+            event(chunk([{"index": 0, "delta": _sglang_delta(delta),
+                          "logprobs": {"content": plan.logprobs_content(a, b)} if want_lp else None,
+                          "finish_reason": None, "matched_stop": None}]))
+        # serving_chat.py: the finish reason in a chunk of its own once the engine is done, then the sglext chunk
+        # (choices [], ids at response level; output_ids one list per choice), then the usage chunk
+        event(chunk([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": plan.finish_reason,
+                      "matched_stop": _matched_stop(plan)}]))
         ext = {}
         if want_in:
             ext["input_ids"] = list(plan.prompt_ids)
         if want_out:
-            ext["output_ids"] = list(plan.ids)
+            ext["output_ids"] = [list(plan.ids)]
         if ext:
             event(chunk([], sglext=ext))
+        if (body.get("stream_options") or {}).get("include_usage"):
+            event(chunk([], usage=usage))
         event(b"data: [DONE]\n\n")
         self.wfile.write(b"0\r\n\r\n")
         self.wfile.flush()

@@ -84,7 +84,7 @@ def test_3_1_statuses_error_bodies_and_headers_pass_through(stack):
     assert ex.request_headers["x-custom"] == "kept" and up.chat_requests[-1].headers["x-custom"] == "kept"
 
 
-def test_3_2_sglang_truth_comes_from_the_trailing_sglext_chunk(tokenizer_dir):
+def test_3_2_sglang_truth_comes_from_the_sglext_chunk(tokenizer_dir):
     with SGLangUpstream(tokenizer_dir) as up, RecordingRelay(up.root_url) as relay:
         body = chat(True)
         body.pop("return_token_ids")
@@ -94,7 +94,9 @@ def test_3_2_sglang_truth_comes_from_the_trailing_sglext_chunk(tokenizer_dir):
         assert r.status_code == 200
         (ex,) = relay.chats()
         chunks = ex.chunks
-        assert "sglext" in chunks[-1] and not any("token_ids" in json.dumps(c) for c in chunks[:-1])
+        [ext] = [c for c in chunks if "sglext" in c]  # one chunk, output_ids one list per choice
+        assert ext["choices"] == [] and len(ext["sglext"]["output_ids"]) == 1
+        assert not any("token_ids" in json.dumps(c) for c in chunks if c is not ext)
         t, want = ex.truth(), up.responses[-1]
         assert (t.prompt_token_ids, t.completion_ids) == (want.prompt_token_ids, want.completion_ids)
         assert t.logprobs == want.logprobs and t.system_fingerprint is None

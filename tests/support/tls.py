@@ -32,7 +32,8 @@ def self_signed(directory, name: str = "localhost") -> tuple[str, str]:
 
 
 def polar_import_blocker(directory) -> dict:
-    """Environment for a child process in which `import polar…` fails (a sitecustomize on PYTHONPATH)."""
+    """Environment for child processes in which mitmdump cannot `import polar…` (a sitecustomize on PYTHONPATH).
+    Only mitmdump: the command that starts it (scripts/proxy) is itself the polar package."""
     blocker = os.path.join(str(directory), "blocker")
     os.makedirs(blocker, exist_ok=True)
     with open(os.path.join(blocker, "sitecustomize.py"), "w") as fh:
@@ -41,5 +42,6 @@ def polar_import_blocker(directory) -> dict:
                  "    def find_spec(self, name, path=None, target=None):\n"
                  "        if name == 'polar' or name.startswith('polar.'):\n"
                  "            raise ImportError('blocked for the fail-closed test')\n"
-                 "sys.meta_path.insert(0, _Block())\n")
+                 "if sys.argv and sys.argv[0].endswith('mitmdump'):\n"
+                 "    sys.meta_path.insert(0, _Block())\n")
     return dict(os.environ, PYTHONPATH=blocker)

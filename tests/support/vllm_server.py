@@ -8,8 +8,9 @@ the same server afterwards; every server it started is stopped when the process 
 `shared_extra_eos_vllm()` is the tiny model with extra end-of-turn ids (a random model then ends its turns after ~8
 tokens), started once per process for every test module that drives real CLIs against real vLLM.
 
-Without `.venv-vllm` or the built models the calling test is skipped with the command that fixes it; a server that
-fails to start is an error (its log tail is in the message), never a skip.
+Without `.venv-vllm` or the built models the calling test fails under CI=true (CI installs both) and is skipped
+elsewhere with the command that fixes it (`require`, tests/support/need.py); a server that fails to start is an
+error (its log tail is in the message), never a skip.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import threading
 
 import httpx
 import pytest
+
+from polar.launch.vllm import read_run_file
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(ROOT, "scripts", "vllm")
@@ -62,12 +65,17 @@ def skip_reason(model: str) -> str | None:
     return None
 
 
+def require(model: str = "tiny") -> None:
+    """The vLLM environment and `model` are built, else the test fails (CI=true) or skips (tests/support/need.py)."""
+    from tests.support.need import VLLM, need
+
+    need(skip_reason(model), setup=VLLM)
+
+
 def start_vllm(model: str = "tiny", *, logprobs_mode: str = "raw_logprobs", max_model_len: int | None = None,
                dtype: str = "bfloat16", dev: bool = False, extra: tuple[str, ...] = ()) -> VllmServer:
-    """Start a private server through scripts/vllm (skips the test when the environment is missing)."""
-    reason = skip_reason(model)
-    if reason:
-        pytest.skip(reason)
+    """Start a private server through scripts/vllm (`require` first: no environment, no server)."""
+    require(model)
     fd, run_file = tempfile.mkstemp(prefix=f"vllm-test-{model}-", suffix=".json", dir=_run_dir())
     os.close(fd)
     os.unlink(run_file)  # scripts/vllm treats an existing run file as a server to reuse
@@ -81,10 +89,9 @@ def start_vllm(model: str = "tiny", *, logprobs_mode: str = "raw_logprobs", max_
     if proc.returncode != 0:
         pytest.fail(f"scripts/vllm start --model {model} failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}",
                     pytrace=False)
-    with open(run_file) as f:
-        info = json.load(f)
-    return VllmServer(base_url=info["base_url"], model=info["model"], max_model_len=info["max_model_len"],
-                      logprobs_mode=info["logprobs_mode"], run_file=run_file)
+    info = read_run_file(run_file)
+    return VllmServer(base_url=info.base_url, model=info.model, max_model_len=info.max_model_len,
+                      logprobs_mode=info.logprobs_mode, run_file=run_file)
 
 
 def stop_vllm(server: VllmServer) -> None:

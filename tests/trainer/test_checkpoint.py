@@ -15,6 +15,7 @@ import pytest
 import torch
 from polar.trainer.checkpoint import checkpoint_problems, save_checkpoint
 from polar.trainer.recompute import load_model
+from tests.support.need import need
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / ".cache" / "models" / "tiny"
@@ -23,8 +24,7 @@ TINY = ROOT / ".cache" / "models" / "tiny"
 @pytest.fixture(scope="module")
 def trained():
     """The tiny model with every parameter nudged, as after a step (so equality is not the source's by luck)."""
-    if not (TINY / "config.json").is_file():
-        pytest.skip("the tiny model is not built: run scripts/setup --models")
+    need(None if (TINY / "config.json").is_file() else f"no tiny model at {TINY}", setup="scripts/setup --models")
     model = load_model(str(TINY))
     with torch.no_grad():
         for i, p in enumerate(model.parameters()):

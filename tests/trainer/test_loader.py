@@ -18,6 +18,7 @@ import torch
 from polar.processor.writers import SEQUENCES_SCHEMA
 from polar.trainer import loader
 from polar.trainer.recompute import load_model, token_logprobs
+from tests.support.need import need
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / ".cache" / "models" / "tiny"
@@ -52,8 +53,7 @@ def _write(out: Path, rows: list[dict], calls: list[dict] | None = None) -> Path
 
 @pytest.fixture(scope="module")
 def tiny():
-    if not (TINY / "config.json").is_file():
-        pytest.skip("the tiny model is not built: run scripts/setup --models")
+    need(None if (TINY / "config.json").is_file() else f"no tiny model at {TINY}", setup="scripts/setup --models")
     return load_model(str(TINY))
 
 

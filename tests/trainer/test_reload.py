@@ -25,7 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from polar.addon import record as rec
+from polar import records as rec
 from tests.support.gateway import start_gateway
 from tests.support.servers import wait_for
 

@@ -17,6 +17,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.support.need import need
 from tests.trainer.conftest import ANSWER_AGENT, ROOT, SDK_AGENT, TRAIN_TASK
 
 pytestmark = pytest.mark.vllm
@@ -129,8 +130,7 @@ def test_6_a_non_empty_out_is_refused(tmp_path):
 def test_7_torch_is_needed_and_said_so():
     """The console script under the proxy's .venv (no torch) says which environment to use, in one line."""
     exe = Path(ROOT) / ".venv" / "bin" / "polar-train"
-    if not exe.exists():
-        pytest.skip("the proxy .venv has no polar-train (scripts/setup)")
+    need(None if exe.exists() else f"{exe} is missing", setup="scripts/setup")
     proc = subprocess.run([str(exe), str(TRAIN_TASK), "--agent", SDK_AGENT, "--model", str(TINY), "--out",
                            "/tmp/polar-train-never"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == (

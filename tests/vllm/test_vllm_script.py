@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from tests.support.vllm_server import ROOT, SCRIPT, skip_reason
+from tests.support.vllm_server import ROOT, SCRIPT, require
 
 
 def run(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -75,8 +75,7 @@ def test_2_3_status_fails_when_nothing_runs(tmp_path):
 
 @pytest.mark.vllm
 def test_3_1_a_server_that_exits_reports_its_log_tail(tmp_path):
-    if skip_reason("tiny"):
-        pytest.skip(skip_reason("tiny"))
+    require("tiny")
     rf = tmp_path / "rf.json"
     p = run("start", "--model", "tiny", "--run-file", str(rf), "--", "--no-such-vllm-flag", timeout=300)
     assert p.returncode == 1 and p.stdout == ""
@@ -86,8 +85,7 @@ def test_3_1_a_server_that_exits_reports_its_log_tail(tmp_path):
 
 @pytest.mark.vllm
 def test_3_2_a_start_timeout_stops_the_server_and_reports_its_log_tail(tmp_path):
-    if skip_reason("tiny"):
-        pytest.skip(skip_reason("tiny"))
+    require("tiny")
     rf = tmp_path / "rf.json"
     p = run("start", "--model", "tiny", "--run-file", str(rf), "--timeout", "2", timeout=300)
     assert p.returncode == 1 and "not healthy after 2 s; stopped it" in p.stderr

@@ -15,7 +15,7 @@ import typing
 import orjson
 import pytest
 
-from polar.addon import record
+from polar import records as record
 from polar.addon.codecs import ROUTERS, find_route
 from polar.addon.codecs.base import (
     AgentInputError,

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Reference solution of letter-share-e001 (cwd /app).
+set -euo pipefail
+printf '%s\n' 'ttt tt' > answer.txt

@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Reference solution of letter-share-002 (cwd /app).
+set -euo pipefail
+printf '%s\n' 'aaa aa' > answer.txt

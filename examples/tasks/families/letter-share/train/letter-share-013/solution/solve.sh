@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Reference solution of letter-share-013 (cwd /app).
+set -euo pipefail
+printf '%s\n' 'ttt tt' > answer.txt

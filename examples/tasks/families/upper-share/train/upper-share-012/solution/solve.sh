@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Reference solution of upper-share-012 (cwd /app).
+set -euo pipefail
+printf '%s\n' 'SHOUTING IN CAPITALS' > answer.txt

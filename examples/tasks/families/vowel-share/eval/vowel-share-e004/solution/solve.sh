@@ -1,0 +1,4 @@
+#!/usr/bin/env bash
+# Reference solution of vowel-share-e004 (cwd /app).
+set -euo pipefail
+printf '%s\n' 'aeiou oui eau' > answer.txt

@@ -1,0 +1,113 @@
+"""polar-vllm start|stop|status|reload: a local vLLM OpenAI server for the gateway (also `scripts/vllm` in a checkout).
+
+  start  [--model tiny|smollm2|DIR] [--port P] [--max-model-len N] [--logprobs-mode raw_logprobs|processed_logprobs]
+         [--dtype bfloat16|float32] [--dev] [--name NAME] [--timeout S] [--run-file PATH]
+         [--vllm-venv DIR] [--models-dir DIR] [-- EXTRA_VLLM_FLAGS...]
+  stop   [--run-file PATH] [--timeout S]
+  status [--run-file PATH]
+  reload --weights DIR --version V [--run-file F] [--proxy-json FILE...] [--drain-timeout S (60)] [--vllm-venv DIR]
+
+`start` prints the base URL (`http://127.0.0.1:P/v1`, the only line on stdout) once /health answers and writes the
+run file (default `<run dir>/vllm.json`); a run file naming a healthy server of the same kind is reused. The server
+log is `<run dir>/vllm-<P>.log`. `--dtype float32` is what logprob verification needs; `--dev` opens vLLM's
+weight-reload endpoints, which `reload` uses. `stop` stops the run file's server (SIGKILL after --timeout) and removes
+the file. `status` prints the run file of a healthy server (exit 1 otherwise).
+`reload` publishes new weights (polar.launch.publish): it holds the proxies of the proxy run files (default: the run
+directory's proxy.json if present), reloads, probes, releases them with V and prints one JSON line (version, dir,
+seconds). Exit 0 done; 1 failed (the message says which weights are served); 2 bad input (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from polar.launch import publish as publishing
+from polar.launch import vllm
+
+
+def parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    default_run_file = str(vllm.default_run_file())
+
+    s = sub.add_parser("start", help="start a server and wait for /health")
+    vllm.add_start_arguments(s)
+
+    t = sub.add_parser("stop", help="stop the server named in the run file")
+    t.add_argument("--run-file", default=default_run_file)
+    t.add_argument("--timeout", type=float, default=30.0, help="seconds before SIGKILL (default 30)")
+
+    u = sub.add_parser("status", help="print the run file when its server is healthy (exit 1 otherwise)")
+    u.add_argument("--run-file", default=default_run_file)
+
+    r = sub.add_parser("reload", help="publish new weights to the running dev-mode server")
+    r.add_argument("--weights", required=True, help="model directory (config.json, *.safetensors) on this machine")
+    r.add_argument("--version", required=True, help="the weight version records will carry from now on")
+    r.add_argument("--run-file", default=default_run_file, help="the vLLM to reload (as for stop)")
+    r.add_argument("--proxy-json", action="extend", nargs="+", metavar="FILE",
+                   help="proxy run files whose proxies are held (default: the run directory's proxy.json if present)")
+    r.add_argument("--drain-timeout", type=float, default=60.0,
+                   help="seconds for in-flight generations to finish before the reload (default 60)")
+    vllm.add_venv_argument(r)
+    return p
+
+
+def cmd_start(args: argparse.Namespace, extra: list[str]) -> int:
+    info = vllm.start(vllm.StartSpec.from_namespace(args, extra))
+    print(info.base_url, flush=True)
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    vllm.stop(args.run_file, args.timeout)
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    info = vllm.status(args.run_file)
+    if info is None:
+        vllm.say("not running")
+        return 1
+    print(json.dumps(info.to_dict(), indent=2))
+    return 0
+
+
+def cmd_reload(args: argparse.Namespace) -> int:
+    done = publishing.publish([args.run_file], args.weights, args.version, proxies=args.proxy_json,
+                              drain_timeout=args.drain_timeout, vllm_venv=args.vllm_venv)
+    for problem in done.problems:
+        vllm.say(f"ERROR: {problem}")
+    vllm.say(f"serving {done.weights_dir} as weight_version {done.weight_version} (held {done.proxies_held} "
+             f"proxies for {done.seconds['held']:.2f} s)")
+    print(json.dumps(done.summary()), flush=True)
+    return 1 if done.problems else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    prog = "polar-vllm" if os.path.basename(sys.argv[0]) == "polar-vllm" else vllm.command()
+    p = parser(prog)
+    args = p.parse_args(argv)
+    if extra and args.command != "start":
+        p.error("extra vLLM flags after -- are only for start")
+    commands = {"start": lambda: cmd_start(args, extra), "stop": lambda: cmd_stop(args),
+                "status": lambda: cmd_status(args), "reload": lambda: cmd_reload(args)}
+    try:
+        return commands[args.command]()
+    except vllm.BadInput as e:
+        vllm.say(f"ERROR: {e}")
+        return 2
+    except vllm.Fail as e:
+        vllm.say(f"ERROR: {e}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

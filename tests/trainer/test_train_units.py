@@ -1,0 +1,167 @@
+"""polar-train's parts that need no server (issue 23): the PPO-style update (`grpo.grpo_update`: M mini-batches × E
+epochs, π_old the recorded logprobs, so the clip starts to matter from the second update), the entropy and KL-to-
+initial measurements, reward spread and groups without spread from results.jsonl, the learning rate picked from the
+model, the seeded task draw, checkpoint pruning and the generated task families."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from polar.trainer import grpo
+from polar.trainer import train as polar_train
+from polar.trainer.loader import MicroBatches, Selection, SequenceTokens
+from polar.trainer.recompute import load_model, token_logprobs
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / ".cache" / "models" / "tiny"
+FAMILIES = ROOT / "examples" / "tasks" / "families"
+
+
+def _on_policy(model, n_seqs: int = 6) -> list[SequenceTokens]:
+    """Sequences whose π_old is the model's own logprob (an on-policy batch), advantages of both signs."""
+    rng = np.random.default_rng(3)
+    seqs = []
+    for k in range(n_seqs):
+        n = int(rng.integers(20, 50))
+        ids = rng.integers(1, 3072, n)
+        with torch.no_grad():
+            lp = token_logprobs(model, torch.from_numpy(ids)[None])[0].numpy()
+        mask = (np.arange(n) >= 8).astype(np.float32)
+        seqs.append(SequenceTokens(f"s{k}", ids, mask, (lp * mask).astype(np.float32), (-1.0) ** k * (1 + k / 4)))
+    return seqs
+
+
+def _params(model) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
+
+
+def test_update_counts_and_on_policy_first_ratio():
+    model = load_model(str(TINY))
+    model.requires_grad_(True)
+    reference = copy.deepcopy(model).requires_grad_(False)
+    batches = MicroBatches(Selection(_on_policy(model), {}, []), 128, "per_sequence")
+    config = grpo.GrpoConfig(lr=1e-2, clip=0.2)
+    before = _params(model)
+    m = grpo.grpo_update(model, grpo.make_optimizer(model, config), batches, config, mini_batches=3, epochs=2,
+                         seed=1, reference=reference)
+    assert m.updates == 6 and m.sequences == 6
+    assert m.first_ratio_max_dev < 1e-5  # the first update is on-policy
+    assert m.kl_initial == pytest.approx(0.0, abs=1e-9)  # measured before any update: the policy is the initial one
+    assert m.entropy is not None and 0 < m.entropy <= float(np.log(3072)) + 1e-4
+    assert m.response_len == pytest.approx(m.tokens_trainable / 6)
+    assert m.ratio_max > 1.0 and m.clip_share > 0  # later updates move away from π_old: the clip is taken
+    assert float((_params(model) - before).abs().max()) > 0
+    # the KL to the initial policy after those updates is positive
+    m2 = grpo.grpo_update(model, grpo.make_optimizer(model, config), batches, config, reference=reference)
+    assert m2.updates == 1 and m2.kl_initial > 1e-6
+
+
+def test_one_update_is_grpo_step():
+    """M = E = 1 is the reference step: the same parameters after it."""
+    a = load_model(str(TINY)).requires_grad_(True)
+    b = copy.deepcopy(a)
+    seqs = _on_policy(a)
+    config = grpo.GrpoConfig(lr=1e-3)
+    ma = grpo.grpo_step(a, grpo.make_optimizer(a, config), MicroBatches(Selection(seqs, {}, []), 128, "per_sequence"),
+                        config)
+    mb = grpo.grpo_update(b, grpo.make_optimizer(b, config), MicroBatches(Selection(seqs, {}, []), 128,
+                                                                            "per_sequence"), config)
+    assert mb.loss == pytest.approx(ma.loss, abs=1e-6)
+    assert torch.allclose(_params(a), _params(b), atol=1e-7)
+
+
+def test_entropy_matches_a_hand_computation():
+    model = load_model(str(TINY))
+    seqs = _on_policy(model, 2)
+    batches = MicroBatches(Selection(seqs, {}, []), 4096, "per_sequence")
+    ent, kl = grpo._measure(model, batches)
+    hand, n = 0.0, 0
+    with torch.no_grad():
+        for s in seqs:
+            logits = model(input_ids=torch.from_numpy(s.input_ids)[None]).logits[0, :-1].float()
+            p = torch.softmax(logits, -1)
+            e = -(p * torch.log_softmax(logits, -1)).sum(-1)
+            mask = torch.from_numpy(s.loss_mask[1:])
+            hand += float((e * mask).sum())
+            n += int(mask.sum())
+    assert kl is None and ent == pytest.approx(hand / n, rel=1e-5)
+
+
+def _results(tmp_path: Path, groups: dict[str, list[float]]) -> Path:
+    rows = [{"task": g, "k": k, "group": f"run/{g}", "status": "completed", "reward": r}
+            for g, rs in groups.items() for k, r in enumerate(rs)]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return tmp_path
+
+
+def test_groups_without_spread(tmp_path):
+    r = polar_train.rewards_of(_results(tmp_path, {"a": [0.0, 0.0], "b": [0.2, 0.4], "c": [1.0, 1.0]}))
+    assert r["groups"] == 3 and r["groups_without_spread"] == 2 and r["samples"] == 6
+    assert r["reward_mean"] == pytest.approx(2.6 / 6)
+    assert r["reward_std"] == pytest.approx(float(np.std([0, 0, 0.2, 0.4, 1, 1])))
+
+
+def test_default_lr_is_picked_from_the_model():
+    params = polar_train.count_params(TINY)
+    assert 2_000_000 < params < 4_000_000
+    lr, mini, why = polar_train.default_lr(params)
+    assert (lr, mini) == (1e-2, 2) and "small model" in why
+    lr, mini, _ = polar_train.default_lr(134_515_008)  # SmolLM2-135M
+    assert 1e-5 <= lr <= 5e-5 and mini == 1
+
+
+def test_task_draw_is_seeded_and_covers_the_family():
+    tasks = [str(FAMILIES / "digit-share" / "train")]
+    plan = polar_train.Plan(tasks=tasks, agent="a", model="m", steps=8, samples=2, lr=1e-2, weight_decay=0, clip=0.2,
+                            tis_cap=None, micro_batch_tokens=4096, dtype="float32", sampling="", rollout_cmd="x",
+                            tasks_per_step=4, seed=5)
+    draws = [polar_train.tasks_of_step(plan, s) for s in range(1, 9)]
+    assert all(len(d) == 4 == len(set(d)) for d in draws)
+    assert draws == [polar_train.tasks_of_step(plan, s) for s in range(1, 9)]  # the same on --resume
+    assert len({t for d in draws for t in d}) > 8  # many prompts of the family, not one
+    plan.seed = 6
+    assert [polar_train.tasks_of_step(plan, s) for s in range(1, 9)] != draws
+    assert len(polar_train.task_dirs(tasks)) == 32
+
+
+def test_prune_keeps_the_newest_and_the_serving_one(tmp_path):
+    for s in range(1, 6):
+        (tmp_path / "checkpoints" / f"step-{s:04d}").mkdir(parents=True)
+    gone = polar_train.prune_checkpoints(tmp_path, 2, keep=tmp_path / "checkpoints" / "step-0005")
+    assert gone == ["step-0001", "step-0002", "step-0003"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-0004", "step-0005"]
+
+
+@pytest.mark.parametrize("family", ["digit-share", "vowel-share", "upper-share", "letter-share"])
+def test_family_tasks_score_0_empty_and_1_solved(tmp_path, family):
+    """Every generated task: distinct prompts, the empty start state scores 0.0 and the solution 1.0; the tree holds
+    what the generator writes."""
+    fresh = tmp_path / "gen"
+    subprocess.run([sys.executable, str(FAMILIES / "generate.py"), "--family", family, "--out", str(fresh)], check=True,
+                   capture_output=True)
+    files = lambda d: {str(p.relative_to(d)): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}  # noqa
+    assert files(fresh / family) == files(FAMILIES / family), "rerun examples/tasks/families/generate.py"
+    tasks = sorted((FAMILIES / family).glob("*/*/task.toml"))
+    assert len(tasks) == 40
+    assert len({(t.parent / "instruction.md").read_text() for t in tasks}) == 40
+    for toml in tasks[:3] + tasks[-2:]:
+        task = toml.parent
+        scores = []
+        for solved in (False, True):
+            app, logs = tmp_path / task.name / str(solved) / "app", tmp_path / task.name / str(solved) / "logs"
+            app.mkdir(parents=True)
+            if solved:
+                subprocess.run(["bash", str(task / "solution" / "solve.sh")], cwd=app, check=True)
+            subprocess.run(["bash", str(task / "tests" / "test.sh")], check=True,
+                           env={"PATH": "/usr/bin:/bin", "POLAR_APP": str(app), "POLAR_LOGS": str(logs)})
+            scores.append(float((logs / "reward.txt").read_text()))
+        assert scores == [0.0, 1.0], task
