@@ -47,6 +47,10 @@ from tests.support.servers import LoopbackHTTPServer, read_request_body
 VLLM_VERSION = "0.32.0"
 DEFAULT_MODEL = "polar-tiny"
 DEFAULT_TEXT = "This is a scripted answer."
+# `vary=True`: default replies take these in turn — texts whose share of vowels differs (0.4, 0.7, 0.0, 1.0) and
+# file names, so K samples of one task score differently under a graded verifier (the demo's reward spread).
+VARIED_TEXTS = ("Hello, Polar!\n", "a quiet idea\n", "rhythm\n", "aeiou\n")
+VARIED_PATHS = ("hello.txt", "answer.txt", "notes.txt")
 _FAULT_KINDS = ("status", "disconnect_after", "garbage", "slow_first_byte", "no_token_ids", "no_logprobs", "hang")
 
 
@@ -161,7 +165,7 @@ class ScriptedUpstream(LoopbackHTTPServer):
                  max_model_len: int = 65536, host: str = "127.0.0.1", port: int = 0,
                  reasoning_parser: str | None = "qwen3", version: str = VLLM_VERSION,
                  reasoning_fields: Sequence[str] = ("reasoning",), gate_timeout: float = 30.0,
-                 logprob_seed: int = 0):
+                 logprob_seed: int = 0, vary: bool = False):
         self.tokenizer = tokenizer if isinstance(tokenizer, Tokenizer) else Tokenizer(tokenizer)
         self.model = model
         self.max_model_len = max_model_len
@@ -170,6 +174,8 @@ class ScriptedUpstream(LoopbackHTTPServer):
         self.reasoning_fields = tuple(reasoning_fields)
         self.gate_timeout = gate_timeout
         self.logprob_seed = logprob_seed
+        self.vary = vary  # default replies differ from call to call (VARIED_TEXTS), so a group gets a reward spread
+        self._varied = 0
         self.system_fingerprint = f"vllm-{version}-scripted"
         self.weight_version_label = "0"  # the version string of the spans a ≥ 0.33 stand-in sends
         self._host, self._port = host, port
@@ -258,14 +264,29 @@ class ScriptedUpstream(LoopbackHTTPServer):
         if tools and (choice == "required" or isinstance(choice, dict)):
             name = choice["function"]["name"] if isinstance(choice, dict) else tools[0]["function"]["name"]
             tool = next(t for t in tools if t["function"]["name"] == name)
-            return Reply(reasoning=think, tool_calls=[(name, minimal_json(tool["function"].get("parameters")))])
+            arguments = minimal_json(tool["function"].get("parameters"))
+            return Reply(reasoning=think, tool_calls=[(name, self._varied_arguments(arguments) if self.vary
+                                                       else arguments)])
         fmt = body.get("response_format") or {}
         if fmt.get("type") == "json_schema":
             schema = (fmt.get("json_schema") or {}).get("schema") or {}
             return Reply(text=json.dumps(minimal_json(schema), ensure_ascii=False))
         if fmt.get("type") == "json_object":
             return Reply(text="{}")
-        return Reply(text=DEFAULT_TEXT)
+        return Reply(text=self._varied_text() if self.vary else DEFAULT_TEXT)
+
+    def _varied_text(self) -> str:
+        """The next of VARIED_TEXTS, in turn (one counter for the server: concurrent samples get different ones)."""
+        with self._lock:
+            self._varied += 1
+            return VARIED_TEXTS[(self._varied - 1) % len(VARIED_TEXTS)]
+
+    def _varied_arguments(self, arguments: dict) -> dict:
+        """A forced call's minimal arguments with every string replaced: a `path` by a file name, the rest by the
+        next varied text (the same turn for all of a call's strings)."""
+        text = self._varied_text()
+        return {k: (VARIED_PATHS[VARIED_TEXTS.index(text) % len(VARIED_PATHS)] if k == "path" else text)
+                if isinstance(v, str) else v for k, v in arguments.items()}
 
     def _reasoning_open(self, prompt_ids: Sequence[int]) -> bool:
         """False when the prompt already ended reasoning (vLLM's is_reasoning_end on the prompt ids)."""
@@ -959,9 +980,11 @@ def main(argv: Iterable[str] | None = None) -> int:
     ap.add_argument("--model", default=DEFAULT_MODEL)
     ap.add_argument("--max-model-len", type=int, default=65536)
     ap.add_argument("--no-reasoning-parser", action="store_true")
+    ap.add_argument("--vary", action="store_true", help="default replies differ from call to call (a reward spread)")
     args = ap.parse_args(list(argv) if argv is not None else None)
     up = ScriptedUpstream(args.tokenizer, model=args.model, max_model_len=args.max_model_len, host=args.host,
-                          port=args.port, reasoning_parser=None if args.no_reasoning_parser else "qwen3")
+                          port=args.port, reasoning_parser=None if args.no_reasoning_parser else "qwen3",
+                          vary=args.vary)
     print(up.start(), flush=True)
     try:
         while True:
