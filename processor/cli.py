@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import sys
 
 from polar.processor import pipeline
-from polar.processor.eot import EotError
+from polar.processor.eot import EotError, parse_tokenizer_arg
 from polar.processor.load import InputError
 from polar.processor.merge import MissingEot
 from polar.processor.report import summary
@@ -95,12 +96,23 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--vocab", action="append", default=[], metavar="[MODEL=]DIR",
                    help="tokenizer.json (or a directory holding one) whose vocabulary gives report.html's token text, "
                         "for every model or for MODEL (repeatable); report only, never the end-of-turn set "
-                        "(default: none, token ids)")
+                        "(default: the --tokenizer directories that hold a tokenizer.json, else none: token ids)")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
                    help="progress bar on stderr (default: when stderr is a terminal)")
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no summary; warnings and errors still go to stderr (default: off)")
     return p
+
+
+def default_vocab(tokenizers: list[str]) -> list[str]:
+    """--vocab when none is given: the --tokenizer directories that hold a tokenizer.json, so report.html shows the
+    tokens' text wherever the run already names the model's tokenizer."""
+    out = []
+    for spec in tokenizers:
+        _, directory = parse_tokenizer_arg(spec)
+        if os.path.isfile(os.path.join(directory, "tokenizer.json")):
+            out.append(spec)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         sft_min_reward=args.sft_min_reward, side_chains=args.side_chains, on_mismatch=args.on_mismatch,
         overwrite=args.overwrite, incremental=args.incremental, engine=args.engine, ray_address=args.ray_address,
         ray_partitions=args.ray_partitions, allow_empty=args.allow_empty, session_prefix=tuple(args.session_prefix),
-        report_max_mb=args.report_max_mb, report_no_text=args.report_no_text, vocab=tuple(args.vocab))
+        report_max_mb=args.report_max_mb, report_no_text=args.report_no_text,
+        vocab=tuple(args.vocab or default_vocab(args.tokenizer)))
     show = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         report = pipeline.process(opts, pipeline.Progress(show and not args.quiet))

@@ -1,5 +1,5 @@
-"""Scenarios for processor/viewer.py and report.html's page (DESIGN §11), without a browser (tests/integration/
-test_viewer.py drives chromium over the same page).
+"""Scenarios for processor/viewer.py and report.html's page (README.md, The report), without a browser
+(tests/integration/test_viewer.py drives chromium over the same page).
 
 1.x  the pure parts: JSON safe inside <script>, strip windows and their encoding, vocabulary pieces, call texts
 2.x  through polar-process: report.json unchanged, one self-contained page, the text notice and --report-no-text,
@@ -207,6 +207,17 @@ def test_2_1_report_json_keeps_its_keys_and_vocab_never_changes_the_end_of_turn_
     strip = lambda d: {k: v for k, v in d.items() if k not in ("options", "seconds", "tokens_per_second", "outputs")}  # noqa: E731
     assert strip(doc2) == strip(doc)
     assert embedded(page, "polar-index")["vocab"] is True and embedded(page, "polar-vocab")["*"]
+
+
+def test_2_1b_a_tokenizer_given_for_the_end_of_turn_ids_also_gives_the_token_text(dump, plain, tmp_path,
+                                                                                 tokenizer_dir):
+    _, page = plain
+    assert embedded(page, "polar-index")["vocab"] is False  # neither --vocab nor --tokenizer: ids only
+    with_tok = tmp_path / "tok"
+    shutil.copytree(tokenizer_dir, with_tok)
+    (with_tok / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    _, page2 = run(dump, tmp_path / "out", "--tokenizer", str(with_tok), "--report-max-mb", "5")
+    assert embedded(page2, "polar-index")["vocab"] is True and embedded(page2, "polar-vocab")["*"]
 
 
 def test_2_2_the_page_is_one_self_contained_file(plain):
