@@ -22,7 +22,7 @@ from polar.processor import manifest as mf
 from polar.processor import rewards as rw
 from polar.processor.engine import Engine, GroupProducts, LocalEngine, Settings
 from polar.processor.load import Index, InputError
-from polar.processor.report import ReportBuilder, named_sessions, render_html
+from polar.processor.report import ReportBuilder, file_sha256, named_sessions, render_html
 from polar.processor.viewer import ViewerBuilder, Vocabs
 from polar.processor.writers import (CALLS_SCHEMA, SEQUENCES_SCHEMA, BatchPacker, OutDir, StreamingParquet, calls_frame,
                                      sequences_frame)
@@ -208,12 +208,17 @@ def _as_json(opts: Options) -> dict:
 
 
 def _write_report(outdir: OutDir, doc: dict, outputs: _RunOutputs, out: str) -> None:
-    """report.json, then report.html: the overview, the session explorer, and the trainer's verify.json /
-    train.jsonl when OUT holds them."""
+    """report.json, then report.html: the overview, the session explorer, and the trainer's files when OUT holds
+    them — polar-verify's verify.parquet (its section only when its rows checked this run's sequences.parquet; the
+    older verify.json when there is no parquet) and train.jsonl."""
     with open(outdir.path("report.json"), "wb") as fh:
         fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    page = render_html(doc, outputs.report.totals.seq_lengths, outputs.viewer.finish(),
-                       verify=os.path.join(out, "verify.json"), train=os.path.join(out, "train.jsonl"))
+    verify = os.path.join(out, "verify.parquet")
+    verify = verify if os.path.isfile(verify) else os.path.join(out, "verify.json")
+    sequences = outdir.path("sequences.parquet")
+    page = render_html(doc, outputs.report.totals.seq_lengths, outputs.viewer.finish(), verify=verify,
+                       train=os.path.join(out, "train.jsonl"),
+                       sequences_sha256=file_sha256(sequences) if os.path.isfile(sequences) else None)
     with open(outdir.path("report.html"), "w", encoding="utf-8") as fh:
         fh.write(page)
 

@@ -325,6 +325,25 @@ def test_2_6_the_trainer_files_are_rendered_when_present(tmp_path, dump):
     assert "Verify: recomputed vs recorded logprobs" in page and "Training steps" in page
 
 
+def test_2_6b_polar_verify_s_parquet_is_rendered_only_for_the_sequences_it_checked(tmp_path, dump):
+    import polars as pl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    rows = [{"sequence_id": "a", "n_checked": 7, "median_abs_gap": 0.01, "max_abs_gap": 0.1, "share_within": 1.0,
+             "sequences_sha256": None}]
+    pl.DataFrame(rows).write_parquet(out / "verify.parquet")  # unstamped: rendered
+    _, page = run(dump, out, "--overwrite")
+    assert "Verify: recomputed vs recorded logprobs" in page and "1 sequences, 7 tokens checked" in page
+    stamp = hashlib.sha256((out / "sequences.parquet").read_bytes()).hexdigest()
+    pl.DataFrame([{**rows[0], "sequences_sha256": "0" * 64}]).write_parquet(out / "verify.parquet")
+    _, page = run(dump, out, "--overwrite")  # rows of another sequences.parquet: stale, left out
+    assert "Verify: recomputed vs recorded logprobs" not in page
+    pl.DataFrame([{**rows[0], "sequences_sha256": stamp}]).write_parquet(out / "verify.parquet")
+    _, page = run(dump, out, "--overwrite")  # the same input gives the same sequences.parquet bytes
+    assert "7 tokens checked" in page
+
+
 def test_2_7_a_bad_vocab_stops_the_run_before_out_is_touched(dump, tmp_path, capsys):
     assert main([dump["flows"], "-o", str(tmp_path / "out"), "--vocab", str(tmp_path / "missing")]) == 2
     assert "--vocab" in capsys.readouterr().err and not (tmp_path / "out").exists()
