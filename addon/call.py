@@ -1,4 +1,5 @@
-"""The call driver: one provider call, in DESIGN §4's order — admit → translate → shape → stream → finish.
+"""The call driver: one provider call, in the order of docs/architecture.md (one call, end to end) — admit → translate →
+shape → stream → finish.
 
 - admit: the body fits `polar_max_body_mb`, decodes, is a JSON object; disk space for its record; the backend known.
 - translate: the session, then the codec's `to_chat` (the agent's request as an OpenAI chat plan).

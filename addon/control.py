@@ -1,5 +1,5 @@
-"""The gateway's control endpoints (DESIGN §10, weight publication): hold generation while the backend reloads its
-weights, release it with the new policy version, and say where things stand.
+"""The gateway's control endpoints (weight publication, docs/architecture.md#the-trainer-side): hold generation while
+the backend reloads its weights, release it with the new policy version, and say where things stand.
 
   POST /admin/hold                               held until released, or until `polar_hold_timeout` expires
   POST /admin/release {"weight_version": V}      V (a string) becomes the version stamped on records; absent: kept

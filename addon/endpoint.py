@@ -2,7 +2,7 @@
 
 Every byte the agent gets for a provider call is written here, so the gateway controls all of it: real incremental
 streaming, provider-shaped errors for backend trouble before and after headers, and a record for every call
-(FIELD-NOTES §2: a plain request rewrite cannot shape a refused connection or a mid-stream loss).
+(docs/field-notes.md, mitmproxy 12: a plain request rewrite cannot shape a refused connection or a mid-stream loss).
 
 Two kinds of connection reach it, both opened by mitmproxy and announced by the gateway before their first byte
 (`hand`, keyed by mitmproxy's local address of the hop, which is the peer address seen here):

@@ -1,5 +1,8 @@
 """Exact on-policy mode (`polar_exact`): the model sees exactly the tokens it sampled. docs/architecture.md#exact-mode.
 
+This module is the mode (per call: prepare, finish, commit) and the splice; `exact_cache` holds the turn cache and
+the message keys, `exact_rebuild` the restart rebuild, `exact_probe` the probe.
+
 Normally every turn's history is re-rendered by the chat template, so the context of turn N+1 is not "prompt N +
 the ids sampled at turn N" (non-canonical BPE splits, re-serialized tool-call JSON, stripped reasoning). In this
 mode the gateway keeps, per session, the turns it answered; for a new request it finds the deepest cached turn whose
@@ -14,7 +17,8 @@ be spliced takes the normal path; its record says why (`exact.fallback_reason`).
 
 After a restart (or an eviction) the cache no longer holds the turns a continuing session needs. On such a miss —
 no cached turn is a parent, and the session's turns have not been rebuilt since it entered the cache — the gateway
-rebuilds the session's turns from the flow files in the writer's directory (DESIGN §7) and looks once more:
+rebuilds the session's turns from the flow files in the writer's directory (docs/architecture.md#exact-mode, Restarts)
+and looks once more:
 
 - `turn_index.TurnIndex` indexes the directory by session, lazily at the first miss and incrementally after (a
   file is read once, from where the last pass stopped); it keeps only records `commit` can have cached.
@@ -69,22 +73,22 @@ import array
 import asyncio
 import logging
 import os
-import sys
 import time
-from collections import OrderedDict, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import httpx
 import orjson
 
 from polar import records as rec
 
-from .stream_reader import StreamReader
+from .exact_cache import (CachedTurn, MsgKey, TurnCache, cached_turn, find_parent, has_media,  # noqa: F401
+                          settings_key)
+from .exact_probe import PROBE_TEXT, ProbeResult, _run_probe, end_of_turn  # noqa: F401
+from .exact_rebuild import (INDEX_FIELDS, Rebuilt, cacheable, may_be_cached, rebuild_turns,  # noqa: F401
+                            turn_from_record)
 from .turn_index import PassStats, ReadStats, TurnIndex
 
 log = logging.getLogger("polar.exact")
 
-PROBE_TEXT = "Polar probe"
 # The upstream_request keeps no copy of the spliced ids when the echo matched: they equal the record's prompt.
 ELIDED_IDS = "<record prompt_token_ids>"
 
@@ -101,166 +105,6 @@ RENDER = "render_failed"           # /tokenize failed
 TOO_LONG = "prompt_too_long"       # the spliced prompt does not fit the context: the normal path answers
 NO_IDS = "no_token_ids"            # the parent turn has no token ids
 REBUILD_FAILED = "rebuild_failed"  # no parent, and the session's records in the flow files could not all be read
-
-
-# ---------------------------------------------------------------------------------------------------- comparison
-
-def _text(content) -> str | bytes:
-    """Message content as comparable text: parts of type text joined; anything else kept as canonical JSON."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(str(p.get("text") or "") for p in content)
-    return orjson.dumps(content, option=orjson.OPT_SORT_KEYS)
-
-
-def _args(arguments):
-    """Tool-call arguments compared as parsed JSON (agents re-serialize them), raw text when not JSON."""
-    if isinstance(arguments, str):
-        try:
-            return orjson.loads(arguments)
-        except orjson.JSONDecodeError:
-            return arguments
-    return arguments
-
-
-def _norm(m: dict, keep_reasoning: bool = True) -> bytes:
-    """A message's comparison key: tool-call ids ignored, arguments parsed, assistant text stripped."""
-    role = m.get("role")
-    content = _text(m.get("content"))
-    if role == "assistant" and isinstance(content, str):
-        content = content.strip()
-    out = {"role": role, "content": content if isinstance(content, str) else content.decode()}
-    if m.get("name") is not None:
-        out["name"] = m["name"]
-    calls = m.get("tool_calls") or []
-    if calls:
-        out["tool_calls"] = [[(c.get("function") or {}).get("name"), _args((c.get("function") or {}).get("arguments"))]
-                             for c in calls]
-    reasoning = m.get("reasoning_content") or m.get("reasoning") or ""
-    if keep_reasoning and reasoning.strip():
-        out["reasoning"] = reasoning.strip()
-    return orjson.dumps(out, option=orjson.OPT_SORT_KEYS)
-
-
-def _has_reasoning(m: dict) -> bool:
-    return bool((m.get("reasoning_content") or m.get("reasoning") or "").strip())
-
-
-@dataclass(frozen=True)
-class MsgKey:
-    full: bytes       # with reasoning
-    bare: bytes       # without reasoning
-    reasoning: bool
-
-    @classmethod
-    def of(cls, m: dict) -> "MsgKey":
-        bare = _norm(m, keep_reasoning=False)
-        has = _has_reasoning(m)
-        return cls(_norm(m) if has else bare, bare, has)
-
-    def matches(self, new: "MsgKey") -> bool:
-        """`new` (the agent's message now) equals this cached one; reasoning the agent dropped is allowed."""
-        return new.full == self.full or (not new.reasoning and new.bare == self.bare)
-
-
-def has_media(messages: list) -> bool:
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list) and any(not (isinstance(p, dict) and p.get("type") == "text") for p in content):
-            return True
-    return False
-
-
-def settings_key(model: str, body: dict) -> bytes:
-    """What must be equal for a cached turn to be a parent: model, tools and template settings."""
-    return orjson.dumps({"model": model, "tools": body.get("tools") or [],
-                         "kwargs": body.get("chat_template_kwargs") or {}}, option=orjson.OPT_SORT_KEYS)
-
-
-# ---------------------------------------------------------------------------------------------------- the cache
-
-@dataclass
-class CachedTurn:
-    """One answered turn: what the model saw (prompt), what it sampled, and the history it answered."""
-
-    id: str
-    key: bytes
-    messages: list[MsgKey]
-    reply: MsgKey
-    prompt: array.array
-    completion: array.array
-    t: float = field(default_factory=time.time)
-
-    @property
-    def nbytes(self) -> int:
-        return 4 * (len(self.prompt) + len(self.completion)) + sum(len(k.full) + len(k.bare) for k in self.messages) \
-            + 256
-
-    def full(self) -> list[int]:
-        return self.prompt.tolist() + self.completion.tolist()
-
-
-class TurnCache:
-    """Per-session answered turns; LRU over sessions, bounded by session count, turns per session and bytes."""
-
-    def __init__(self, max_sessions: int = 4096, max_turns: int = 32, max_bytes: int = 512 << 20):
-        self.max_sessions, self.max_turns, self.max_bytes = max_sessions, max_turns, max_bytes
-        self.sessions: OrderedDict[object, list[CachedTurn]] = OrderedDict()
-        self.nbytes = 0
-        # Sessions whose turns were rebuilt from the flow files since they entered the cache: a miss there is real.
-        self.restored: set = set()
-
-    def turns(self, session) -> list[CachedTurn]:
-        turns = self.sessions.get(session)
-        if turns is None:
-            return []
-        self.sessions.move_to_end(session)
-        return turns
-
-    def add(self, session, turn: CachedTurn) -> None:
-        turns = self.sessions.setdefault(session, [])
-        self.sessions.move_to_end(session)
-        turns.append(turn)
-        self.nbytes += turn.nbytes
-        while len(turns) > self.max_turns:
-            self.nbytes -= turns.pop(0).nbytes
-        while self.sessions and (len(self.sessions) > self.max_sessions or self.nbytes > self.max_bytes):
-            oldest, old_turns = next(iter(self.sessions.items()))
-            if oldest is session and len(old_turns) > 1:
-                self.nbytes -= old_turns.pop(0).nbytes  # keep the newest turn of the live session
-                continue
-            if oldest is session:
-                break
-            self.nbytes -= sum(t.nbytes for t in old_turns)
-            del self.sessions[oldest]
-            self.restored.discard(oldest)
-
-    def restore(self, session, rebuilt: list[CachedTurn], complete: bool = True) -> None:
-        """Put back a session's turns rebuilt from the flow files (in the order they were committed), ahead of the
-        turns cached since that are not among them; the bounds apply as in `add`. `complete`: every record could
-        be read, so the session is marked restored (not rebuilt again while it stays cached)."""
-        current = self.sessions.pop(session, [])
-        self.nbytes -= sum(t.nbytes for t in current)
-        seen = {t.id for t in rebuilt}
-        for t in rebuilt + [t for t in current if t.id not in seen]:
-            self.add(session, t)
-        if complete and session in self.sessions:
-            self.restored.add(session)
-
-
-def find_parent(turns: list[CachedTurn], key: bytes, new: list[MsgKey]) -> CachedTurn | None:
-    """The deepest cached turn whose messages + our reply are a prefix of `new` (ties: the latest)."""
-    best = None
-    for t in turns:
-        n = len(t.messages)
-        if t.key != key or n + 1 > len(new) or (best is not None and n < len(best.messages)):
-            continue
-        if all(c.matches(m) for c, m in zip(t.messages, new)) and t.reply.matches(new[n]):
-            best = t
-    return best
 
 
 # ---------------------------------------------------------------------------------------------------- the splice
@@ -313,13 +157,6 @@ class ExactTurn:
     meta: dict
     parent: CachedTurn | None = None
     sent: list[int] | None = None  # the spliced prompt ids shaping sends, or None (the normal path)
-
-
-@dataclass
-class ProbeResult:
-    ok: bool
-    eot: int | None = None
-    message: str = ""
 
 
 class ExactMode:
@@ -437,8 +274,9 @@ class ExactMode:
         return parent
 
     async def _rebuild(self, session, flows: str, meta: dict) -> tuple[list[CachedTurn], str | None]:
-        """Restore the session's turns from the flow files in `flows` (DESIGN §7): one rebuild at a time, in a
-        worker thread. Returns the session's cached turns now and why the rebuild fell short (None: it did not)."""
+        """Restore the session's turns from the flow files in `flows` (docs/architecture.md#exact-mode): one rebuild at
+        a time, in a worker thread. Returns the session's cached turns now and why the rebuild fell short (None: it did
+        not)."""
         async with self._rebuild_lock:
             if session in self.cache.restored:  # rebuilt by another call while this one waited
                 return self.cache.turns(session), None
@@ -501,115 +339,6 @@ class ExactMode:
         self.cache.add(turn.session, cached_turn(record["id"], turn.key, turn.messages, prompt, completion, reply))
 
 
-def cached_turn(record_id: str, key: bytes, messages: list[MsgKey], prompt, completion, reply: dict,
-                t: float | None = None) -> CachedTurn:
-    """The cache entry of one answered turn: what commit() stores, and what a rebuild from its record restores
-    (`prompt`, `completion`: ids, as a list or an int32 array)."""
-    reply_msg = {"role": "assistant", "content": reply.get("content"), "reasoning": reply.get("reasoning"),
-                 "tool_calls": reply.get("tool_calls")}
-    return CachedTurn(record_id, key, messages, MsgKey.of(reply_msg), array.array("i", prompt),
-                      array.array("i", completion), **({"t": t} if t is not None else {}))
-
-
-# ---------------------------------------------------------------------------------------------------- the rebuild
-
-# The small record fields the index pass builds, and the part of commit()'s rule they decide.
-INDEX_FIELDS = frozenset({"id", "exact", "error"})
-
-
-def may_be_cached(fields: dict) -> bool:
-    """Whether commit() can have cached the record: the mode prepared the call (an `exact` map with `splice_pos`;
-    a failed prepare() leaves none, and no settings key) and the call did not fail."""
-    meta = fields.get("exact")
-    return isinstance(meta, dict) and "splice_pos" in meta and fields.get("error") is None
-
-
-# The fields turn_from_record reads.
-_TURN_FIELDS = ("id", "exact", "error", "prompt_token_ids", "completion_token_ids", "assistant", "upstream_request",
-                "t_end")
-
-
-def cacheable(record: dict) -> dict | None:
-    """The fields of `record` that make its cached turn, when commit() cached one (the record's compact prompt
-    already rebuilt): `may_be_cached`, and the prompt and completion ids and the reply were there. None otherwise."""
-    if not may_be_cached(record):
-        return None
-    ids = (record.get("prompt_token_ids"), record.get("completion_token_ids"), record.get("upstream_request"))
-    if not all(isinstance(x, bytes) for x in ids) or not isinstance(record.get("assistant"), dict):
-        return None
-    return {name: record.get(name) for name in _TURN_FIELDS}
-
-
-def turn_from_record(record: dict, keys: dict[bytes, MsgKey] | None = None) -> CachedTurn | None:
-    """The turn commit() cached when it wrote `record` (whose compact prompt is rebuilt), or None when it cached
-    none. The settings key and messages come from `upstream_request`: the body shaped from the same chat body as
-    the draft prepare() keyed, with the same model, messages, tools and template kwargs (exact mode only adds the
-    prompt ids and clamps max_tokens). `keys` memoizes message keys by the message's JSON across one session's
-    records, whose histories share their prefix (building every key again is quadratic in the turns)."""
-    fields = cacheable(record)
-    if fields is None:
-        return None
-    body = orjson.loads(fields["upstream_request"])
-    keys = {} if keys is None else keys
-    messages = []
-    for m in body.get("messages") or []:
-        if isinstance(m, dict):
-            raw = orjson.dumps(m)  # exact: 1 and 1.0 are equal dict values but different JSON, maybe different keys
-            key = keys.get(raw)
-            messages.append(key if key is not None else keys.setdefault(raw, MsgKey.of(m)))
-    t_end = fields["t_end"]
-    return cached_turn(fields["id"], settings_key(body.get("model"), body), messages,
-                       _ids_array(fields["prompt_token_ids"]), _ids_array(fields["completion_token_ids"]),
-                       fields["assistant"], t_end if isinstance(t_end, float) else None)
-
-
-def _ids_array(blob: bytes) -> array.array:
-    """int32 little-endian ids as the cache stores them (record.unpack_ids without the list)."""
-    arr = array.array("i")
-    arr.frombytes(blob)
-    if sys.byteorder != "little":
-        arr.byteswap()
-    return arr
-
-
-@dataclass
-class Rebuilt:
-    turns: list[CachedTurn]
-    read: ReadStats
-    passed: PassStats
-    failure: str | None = None
-
-    @property
-    def skipped(self) -> int:
-        return len(self.read.unreadable) + len(self.read.unresolved)
-
-
-def rebuild_turns(index: TurnIndex, session, max_turns: int) -> Rebuilt:
-    """A session's turns as commit() cached them, from the flow files (runs in a worker thread): the index extended
-    with what was written since its last pass, then the session's records in the order they were written, each
-    through turn_from_record, the last `max_turns` kept (as TurnCache.add keeps them). Every record is read (a
-    compact prompt needs the one it refers to), but only the last `max_turns` become turns: building one costs a
-    message key per message of its history."""
-    passed = index.refresh()
-    read = ReadStats()
-    last: deque[dict] = deque(maxlen=max_turns)
-    for record in index.session_records(session, read):
-        fields = cacheable(record)
-        if fields is not None:
-            last.append(fields)
-    kept, keys = [], {}
-    for fields in last:
-        try:
-            kept.append(turn_from_record(fields, keys))
-        except Exception as exc:  # noqa: BLE001 — commit() failed on the same data: it cached nothing either
-            log.warning("polar_exact: record %s is not a turn to cache: %r", fields.get("id"), exc)
-    problems = read.unreadable + [f"{rid}: the record its compact prompt refers to was not found"
-                                  for rid in read.unresolved]
-    failure = (f"{len(problems)} of the session's records in the flow files could not be read back; first: "
-               f"{problems[0]}"[:500]) if problems else None
-    return Rebuilt(kept, read, passed, failure)
-
-
 def elide_prompt_ids(upstream_request: bytes) -> bytes:
     """The request as sent, but with the prompt ids replaced by ELIDED_IDS (they equal the record's prompt)."""
     body = orjson.loads(upstream_request)
@@ -630,75 +359,3 @@ def compact(record: dict, prompt: list[int], parent: CachedTurn) -> None:
     record["prompt_ref"] = {"id": parent.id, "len": cut}
     record["prompt_tail_ids"] = rec.pack_ids(prompt[cut:])
     record["prompt_token_ids"] = None
-
-
-# ---------------------------------------------------------------------------------------------------- backend calls
-
-def _find(hay: list[int], needle: list[int]) -> int:
-    for i in range(len(hay) - len(needle) + 1):
-        if hay[i:i + len(needle)] == needle:
-            return i
-    return -1
-
-
-def end_of_turn(one: list[int], three: list[int], word: list[int]) -> int | None:
-    """The template's end-of-turn id from renders of [user W] and [user W, assistant W, user W] (no generation
-    prompt): the first id after W that occurs exactly twice more in the longer render (once per added message)."""
-    at = _find(one, word)
-    if at < 0:
-        return None
-    for t in one[at + len(word):]:
-        if three.count(t) - one.count(t) == 2:
-            return t
-    return None
-
-
-async def _run_probe(backend, info) -> ProbeResult:
-    if info.kind != "vllm":
-        return ProbeResult(False, message=f"backend kind {info.kind!r}: prompt token ids on chat need vLLM ≥ 0.30")
-    model = info.model
-    user = {"role": "user", "content": PROBE_TEXT}
-    gate = asyncio.Semaphore(4)  # a few at a time: small servers have small listen backlogs
-
-    async def limited(coro):
-        async with gate:
-            return await coro
-
-    one, three, canonical, word, *chars = await asyncio.gather(*map(limited, (
-        backend.render({"messages": [user]}, model, add_generation_prompt=False),
-        backend.render({"messages": [user, {"role": "assistant", "content": PROBE_TEXT}, user]}, model,
-                       add_generation_prompt=False),
-        backend.render({"messages": [user]}, model),
-        backend.tokens(PROBE_TEXT, model),
-        *(backend.tokens(ch, model) for ch in PROBE_TEXT))))
-    eot = end_of_turn(one, three, word)
-    if eot is None:
-        return ProbeResult(False, message="the chat template has no end-of-turn token the probe could identify "
-                                          "(exact splicing counts end-of-turn ids)")
-    at = _find(canonical, word)
-    split = [t for ids in chars for t in ids]  # one token per character: not how the tokenizer splits the word
-    if at < 0 or split == word:
-        return ProbeResult(False, message="could not build non-canonical probe ids for this tokenizer")
-    ids = canonical[:at] + split + canonical[at + len(word):]
-    body = {"model": model, "messages": [user], "stream": True, "stream_options": {"include_usage": True},
-            "max_tokens": 1, "logprobs": True, "top_logprobs": 0, "return_token_ids": True, "temperature": 1.0,
-            "kv_transfer_params": {"prompt_token_ids": ids}}
-    reader = StreamReader(keep_logprob_entries=False)
-    async with backend.client.stream("POST", backend.base_url + "/chat/completions", content=orjson.dumps(body),
-                                     timeout=httpx.Timeout(120.0, connect=backend.client.timeout.connect)) as resp:
-        if resp.status_code != 200:
-            text = (await resp.aread())[:300]
-            if resp.status_code >= 500:
-                raise RuntimeError(f"probe call answered {resp.status_code}: {text!r}")
-            return ProbeResult(False, message=f"the backend rejected kv_transfer_params.prompt_token_ids "
-                                              f"({resp.status_code}: {text!r})")
-        async for data in resp.aiter_raw():
-            reader.feed(data)
-    echoed = reader.prompt_token_ids
-    if echoed != ids:
-        got = "no prompt ids" if echoed is None else f"{len(echoed)} ids" + (
-            " (its own render)" if echoed == canonical else "")
-        return ProbeResult(False, message=f"the backend did not use the prompt token ids it was sent (sent {len(ids)} "
-                                          f"non-canonical ids, echoed {got}); needs vLLM 0.30–0.33 "
-                                          "kv_transfer_params.prompt_token_ids on /v1/chat/completions")
-    return ProbeResult(True, eot=eot, message="ok")

@@ -3,7 +3,7 @@ only: the fail-closed path in polar_addon.py loads this file by path when the pa
 
 from __future__ import annotations
 
-# FIELD-NOTES §3: every host a target agent sends model calls to.
+# Every host a target agent sends model calls to (docs/field-notes.md: the agent CLIs).
 DEFAULT_HOSTS = (
     "api.anthropic.com",
     "api.openai.com",

@@ -2,7 +2,8 @@
 into one frozen `GatewayOptions`. No mitmproxy import: the addon registers them in `load` and parses them in
 `configure`; tests parse plain dicts.
 
-Fail closed (DESIGN §4): a value that does not parse must never leave a provider request to mitmproxy. Two rules:
+Fail closed (docs/architecture.md, the gateway): a value that does not parse must never leave a provider request to
+mitmproxy. Two rules:
 - every value is checked here, before the gateway changes any state, and a bad one is one `OptionError` line naming
   the option and what it expects (the gateway then logs it and answers providers with their 503);
 - mitmproxy parses `--set` values of options a script declares only when the script registers them, and a value it
@@ -13,6 +14,7 @@ Fail closed (DESIGN §4): a value that does not parse must never leave a provide
 
 from __future__ import annotations
 
+import difflib
 import math
 import string
 from collections.abc import Mapping, Sequence
@@ -31,6 +33,16 @@ class OptionError(ValueError):
     def __init__(self, name: str, expects: str, value: Any):
         self.name = name
         super().__init__(f"{name}: expected {expects}, got {value!r}")
+
+
+class UnknownOption(OptionError):
+    """A `polar_*` name no option has (a typo): mitmproxy keeps such a `--set` deferred and says nothing."""
+
+    def __init__(self, name: str):
+        self.name = name
+        near = difflib.get_close_matches(name, list(BY_NAME), n=1)
+        hint = f"did you mean {near[0]}?" if near else "docs/options.md lists the polar options"
+        ValueError.__init__(self, f"unknown option {name} ({hint})")
 
 
 @dataclass(frozen=True)
@@ -256,3 +268,35 @@ def take_unparseable(optmanager, names) -> dict[str, OptionError]:
                 expects = "one value (--set given more than once)"
             errors[name] = OptionError(name, expects, shown)
     return errors
+
+
+def unknown_options(names) -> dict[str, OptionError]:
+    """The `polar_*` names among `names` (mitmproxy's deferred `--set` names) that are no option of ours."""
+    return {n: UnknownOption(n) for n in names if isinstance(n, str) and n.startswith("polar_") and n not in BY_NAME}
+
+
+def check_sets(sets: Sequence[str]) -> OptionError | None:
+    """The first error the gateway would refuse `--set` items with, found without starting it: unknown `polar_*`
+    names, values mitmproxy cannot parse (`polar_exact=yes`), then `parse_options`. Other items are mitmproxy's.
+    Without mitmproxy (a launcher-only install) only the names are checked; the gateway checks the rest."""
+    ours = [s for s in sets if s.partition("=")[0].startswith("polar_")]
+    unknown = unknown_options(s.partition("=")[0] for s in ours)
+    if unknown:
+        return next(iter(unknown.values()))
+    try:
+        from mitmproxy import optmanager
+    except ImportError:
+        return None
+    manager = optmanager.OptManager()
+    manager.set(*ours, defer=True)  # as mitmdump does before the script registers the options
+    for option in OPTIONS:
+        manager.add_option(option.name, option.typespec, option.default, option.help)
+    errors = take_unparseable(manager, BY_NAME)
+    if errors:
+        return next(iter(errors.values()))
+    manager.process_deferred()
+    try:
+        parse_options({name: getattr(manager, name) for name in BY_NAME})
+    except OptionError as exc:
+        return exc
+    return None

@@ -3,7 +3,7 @@
 Only mitmproxy and the standard library are imported at module level; the package is imported inside try/except.
 If that import fails, a fail-closed addon takes over: it still limits decryption to the provider hosts and answers
 every decrypted provider request with the provider's 503, so a provider request never reaches the real host with
-the agent's key (FIELD-NOTES §2: a raising `request` hook lets the flow go on to the real provider).
+the agent's key (docs/field-notes.md, mitmproxy 12: a raising `request` hook lets the flow go on to the real provider).
 """
 
 from __future__ import annotations
@@ -75,8 +75,8 @@ class FailClosed:
 
 
 try:
-    from polar.addon.gateway import PolarGateway
+    from polar.addon.gateway import gateway_addons
 
-    addons = [PolarGateway()]
+    addons = gateway_addons()  # one addon per concern, sharing one Gateway (addon/gateway.py lists them)
 except Exception:  # noqa: BLE001 — any import failure must fail closed, never open
     addons = [FailClosed(traceback.format_exc(limit=3))]

@@ -2,7 +2,7 @@
 tables, and the fail-closed path in polar_addon.py loads this file by path (it runs exactly when the package is
 broken) to answer each provider in its own shape.
 
-Kinds are those of `codecs.base.ErrorKind`; DESIGN §4's error table gives the statuses.
+Kinds are those of `codecs.base.ErrorKind`; the error table in docs/architecture.md gives the statuses.
 """
 
 from __future__ import annotations

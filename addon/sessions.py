@@ -1,5 +1,6 @@
-"""Session attribution (DESIGN §4): proxy credentials user name, then header `x-polar-session`, then the harness's
-own key (found by the protocol codec), else null. A session id is never invented."""
+"""Session attribution (docs/records.md#fields, `session_source`): proxy credentials user name, then header
+`x-polar-session`, then the harness's own key (found by the protocol codec), else null. A session id is never
+invented."""
 
 from __future__ import annotations
 

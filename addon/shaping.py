@@ -1,7 +1,7 @@
-"""Upstream shaping — the one place that writes the OpenAI chat body sent to vLLM or SGLang (DESIGN §4 "Upstream
-request"): always streamed with usage, token ids and logprobs on, sampling explicit, and `max_tokens` clamped to the
-context that is left — here and nowhere else. Exact mode hands `shape` the prompt ids it spliced; it does not edit
-the result.
+"""Upstream shaping — the one place that writes the OpenAI chat body sent to vLLM or SGLang (docs/architecture.md,
+step 4 of one call): always streamed with usage, token ids and logprobs on, sampling explicit, and `max_tokens` clamped
+to the context that is left — here and nowhere else. Exact mode hands `shape` the prompt ids it spliced; it does not
+edit the result.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import orjson
 
 
-# Explicit defaults: vLLM would otherwise apply the model's generation_config (FIELD-NOTES §1).
+# Explicit defaults: vLLM would otherwise apply the model's generation_config (docs/field-notes.md: vLLM).
 DEFAULT_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
 
 
@@ -78,7 +78,7 @@ def shape(plan_chat: dict, *, backend: BackendInfo, agent_top_logprobs: int | No
     body["logprobs"] = True
     body["top_logprobs"] = agent_top_logprobs or 0
     if backend.kind == "sglang":
-        # SGLang streams ids only through its extension headers (FIELD-NOTES §1).
+        # SGLang streams ids only through its extension headers (docs/field-notes.md: vLLM).
         headers = {"x-sglext-return-input-ids": "1", "x-sglext-return-output-ids": "1"}
     else:
         body["return_token_ids"] = True

@@ -1,6 +1,6 @@
 """The backend's stream, read: vLLM's (or SGLang's) OpenAI chat SSE chunks → protocol-free Deltas, accumulated into
 the Completion plus the token data the record keeps (prompt and completion ids, one logprob per sampled token).
-Also the backend's HTTP errors → the gateway's error kinds (DESIGN §4's table).
+Also the backend's HTTP errors → the gateway's error kinds (the error table in docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ CONTEXT_PATTERNS = ("maximum context length", "context length", "prompt is too l
 
 
 def classify_backend_error(status: int, body: bytes) -> GatewayError:
-    """A backend HTTP error → the gateway error kind the codecs answer (DESIGN §4 error table)."""
+    """A backend HTTP error → the gateway error kind the codecs answer (the error table in docs/architecture.md)."""
     message = body[:2000].decode("utf-8", "replace")
     try:
         parsed = orjson.loads(body)
@@ -257,7 +257,7 @@ def classify_backend_error(status: int, body: bytes) -> GatewayError:
     if 400 <= status < 500 and status not in (401, 403, 404, 408):
         return GatewayError("bad_request", message or f"backend answered {status}", 400)
     # No status override: the provider's own "unavailable" status (529/503) applies to every backend 5xx/401/404
-    # (DESIGN §4 table); the backend's status is kept in the record's error map by the caller.
+    # (the error table in docs/architecture.md); the backend's status is kept in the record's error map by the caller.
     return GatewayError("unavailable", f"backend answered {status}: {message[:500]}")
 
 

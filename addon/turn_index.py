@@ -1,5 +1,5 @@
 """Which records of a flow directory belong to which session: the index behind exact mode's rebuild of a session's
-turns after a restart (DESIGN §7, docs/architecture.md#exact-mode).
+turns after a restart (docs/architecture.md#exact-mode).
 
 - Built lazily, at the first `no_parent` miss, and extended at every later one (`refresh`): a file is read once,
   from where the previous pass stopped. Closed files never change; a `.open` file is read again only when it

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -180,9 +181,20 @@ def check_upstream(upstream: str, timeout: float = 2.0) -> str | None:
     return None
 
 
-def option_error(upstream: str, count: int, port: int, timeout: float) -> str | None:
+def set_error(sets: Sequence[str]) -> str | None:
+    """The first `--set` item the gateway would refuse (an unknown polar_* name, a value its type does not take,
+    a polar_* value that does not parse), as the gateway's own line; None when all would do."""
+    try:
+        from polar.addon.options import check_sets
+    except ImportError:  # a launcher without the addon package: the gateway itself refuses them
+        return None
+    bad = check_sets(sets)
+    return str(bad) if bad is not None else None
+
+
+def option_error(upstream: str, count: int, port: int, timeout: float, sets: Sequence[str] = ()) -> str | None:
     """The first option that cannot work, as one line naming the fix; None when all can."""
-    bad = upstream_error(upstream)
+    bad = upstream_error(upstream) or set_error(sets)
     if bad is None and count < 1:
         bad = "--count must be at least 1"
     if bad is None and not 0 <= port <= 65535 - (count - 1):
@@ -274,9 +286,14 @@ def started_pids() -> set[int]:
     return {pid for pid, proc in _STARTED.items() if proc.poll() is None}
 
 
-def _failures(procs, ports, infos, timeout: float, allow_fail_closed: bool) -> tuple[list[str], list[str]]:
-    """(warnings, errors) from the readiness answers; a kept fail-closed proxy's answer is marked ready."""
-    warnings, errors = [], []
+# The gateway's line when it refuses an option at start-up (addon/configuration.py), after which mitmdump exits.
+START_REFUSAL = re.compile(r"polar gateway: (.+); the proxy exits \(a bad option at start-up\)")
+
+
+def _failures(procs, ports, infos, timeout: float, allow_fail_closed: bool) -> tuple[list[str], list[str], int]:
+    """(warnings, errors, how many errors are option refusals) from the readiness answers; a kept fail-closed proxy's
+    answer is marked ready."""
+    warnings, errors, refusals = [], [], 0
     for (proc, log_path), port, info in zip(procs, ports, infos):
         if info is not None and not info.get("ready"):
             reason = f"\n{info['reason']}" if info.get("reason") else ""
@@ -290,9 +307,14 @@ def _failures(procs, ports, infos, timeout: float, allow_fail_closed: bool) -> t
             with open(log_path, "rb") as fh:
                 tail = fh.read()[-3000:].decode("utf-8", "replace")
             code = proc.poll()
+            refused = START_REFUSAL.search(tail) if code is not None else None
+            if refused:  # the gateway refused an option at start-up and mitmdump exited: its one line says which
+                errors.append(f"error: {refused.group(1)} (log {log_path})")
+                refusals += 1
+                continue
             why = f"exited with code {code}" if code is not None else f"was not ready after {timeout:g} s"
             errors.append(f"error: the proxy on port {port} {why} (log {log_path}):\n{tail}")
-    return warnings, errors
+    return warnings, errors, refusals
 
 
 def _ports(first: int, count: int) -> list[int]:
@@ -312,7 +334,7 @@ def start(upstream: str, *, flows: str | os.PathLike | None = None, run_dir: str
     """Start `count` proxies in front of `upstream` (an OpenAI /v1 base URL) and write the run file of `run_dir`;
     ProxyError when nothing could start (its lines say why; every process started is stopped again)."""
     # Options first: nothing is launched, nothing written, for a command line that cannot work.
-    bad = option_error(upstream, count, port, timeout)
+    bad = option_error(upstream, count, port, timeout, sets)
     if bad:
         raise ProxyError(f"error: {bad}", code=2)
     binary, script, certs = find_mitmdump(mitmdump), addon_script(), resolve_confdir(confdir)
@@ -340,10 +362,12 @@ def start(upstream: str, *, flows: str | os.PathLike | None = None, run_dir: str
     infos = wait_ready([proc for proc, _ in procs], ports, timeout)
     checker.join(3)
     notes += [warning[0]] if warning[0] else []
-    warnings, errors = _failures(procs, ports, infos, timeout, allow_fail_closed)
+    warnings, errors, refusals = _failures(procs, ports, infos, timeout, allow_fail_closed)
     if errors:
         stop_groups([proc.pid for proc, _ in procs if proc.poll() is None])
-        raise ProxyError(notes + warnings + errors)
+        # Only refused options: a command line that cannot work (2), told in their lines alone.
+        raise ProxyError(errors if refusals == len(errors) else notes + warnings + errors,
+                         code=2 if refusals == len(errors) else 1)
     ca_pem = ca.ca_cert(str(certs))
     # Each proxy's control endpoints (hold/release around a weight reload), from its readiness answer: their own
     # loopback port, and the file holding the token they require.

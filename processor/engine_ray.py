@@ -1,4 +1,4 @@
-"""`--engine ray`: the index pass and the per-session merge as Ray tasks (DESIGN §7 scale-out).
+"""`--engine ray`: the index pass and the per-session merge as Ray tasks (docs/architecture.md#scale-out).
 
 - Index: one task per flow file (`load.scan_file`); the driver joins the answers in file order, so the index is the
   local engine's.

@@ -1,4 +1,4 @@
-"""Pass 1 (index) and pass 2 (load one session) over flow files (DESIGN §6).
+"""Pass 1 (index) and pass 2 (load one session) over flow files (docs/merge-rules.md).
 
 The index pass skims every record (`polar.records.skim_file`) and keeps a few small fields (session, t_start, id, file,
 offset, length, plus the bits rule 5 needs as end-of-turn evidence); big values are skipped without being

@@ -1,5 +1,5 @@
 """The run's plan — which files are read, which groups rebuilt — and `--incremental`: the manifest a run leaves in
-OUT, and what the next run carries over (DESIGN §3).
+OUT, and what the next run carries over (docs/merge-rules.md#outputs).
 
 A full run's plan is simple: every file named is read and every group rebuilt (`full_plan`). An incremental run's
 (`incremental_plan`) is the rest of this docstring; `Plan.products` gives the driver every group's products in its

@@ -1,4 +1,4 @@
-"""Trajectory reconstruction for one session group: prefix_merging and per_request (DESIGN §6 rules 1–4, 6–9).
+"""Trajectory reconstruction for one session group: prefix_merging and per_request (docs/merge-rules.md rules 1–4, 6–9).
 
 Pure functions: they take one group's calls and return data plus notes (sequences, breaks, flag events). Nothing
 here reads files or knows other sessions, so a group can be processed anywhere (the scale-out seam).
@@ -467,7 +467,7 @@ class _ChainsToSequences:
 
 def merge_group(calls: list[Call], *, mode: str, eot_for: Callable[[str | None], frozenset[int] | None],
                 on_mismatch: str = "merge", null_group: bool = False) -> GroupResult:
-    """Turn one session group's calls (in (t_start, id) order) into sequences, per DESIGN §6.
+    """Turn one session group's calls (in (t_start, id) order) into sequences, per docs/merge-rules.md.
 
     mode: prefix_merging or per_request. eot_for(model) gives the end-of-turn set E (rule 5); prefix_merging
     raises MissingEot when a chain needs E for a model that has none. null_group: the group of calls without a

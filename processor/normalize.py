@@ -1,4 +1,5 @@
-"""Record → Call: the calls frame row plus the token arrays the merge needs (DESIGN §3 calls, §6 rule 1).
+"""Record → Call: the calls frame row plus the token arrays the merge needs (docs/merge-rules.md: calls.parquet, rule
+1).
 
 Normalizes from each record's `upstream_request`, which is already OpenAI chat (what the model saw), so no
 protocol codec is needed. Token arrays are zero-copy numpy views on the record's int32/float32 LE bytes.
@@ -39,7 +40,7 @@ class Call:
     assistant: dict | None
     protocol: str | None
     n_tools: int = 0  # tools the upstream request offered (rule 9's first tie-break)
-    weight_version: str | None = None  # the policy version that served the call (record field, DESIGN §10)
+    weight_version: str | None = None  # the policy version that served the call (record field, docs/records.md)
 
     @property
     def eligible(self) -> bool:

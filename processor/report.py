@@ -1,4 +1,5 @@
-"""report.json and a self-contained report.html (inline SVG, no CDN), plus the one-screen summary (DESIGN §3).
+"""report.json and a self-contained report.html (inline SVG, no CDN), plus the one-screen summary
+(docs/merge-rules.md#outputs).
 
 report.html is the overview rendered here as static HTML (every value escaped) inside the page viewer.py builds
 around it: the session explorer, its embedded data and script. The trainer's files (verify.json, train.jsonl) are

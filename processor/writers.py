@@ -1,4 +1,5 @@
-"""Output files (DESIGN §3): calls.parquet, sequences.parquet, batches/, sft.jsonl, under temporary names.
+"""Output files (docs/merge-rules.md#outputs): calls.parquet, sequences.parquet, batches/, sft.jsonl, under temporary
+names.
 
 Everything is written into OUT/.polar-tmp-<pid>/ and renamed into OUT at the end, so a failed run leaves OUT as it
 was. Frames stream into Polars sinks as sessions go by, so memory stays bounded by the largest session plus a few
@@ -27,8 +28,8 @@ SEQUENCES_SCHEMA: dict[str, pl.DataType] = {
     "call_ids": pl.List(pl.Utf8), "n_calls": pl.Int32, "n_tokens": pl.Int32, "n_trainable": pl.Int32,
     "prompt_len": pl.Int32, "flags": pl.List(pl.Utf8), "break_cause": pl.Utf8, "model": pl.Utf8,
     "reward": pl.Float64, "advantage": pl.Float64,
-    # The trainer's view of the calls (DESIGN §10): the distinct policy versions that sampled the sequence, in call
-    # order, and where each call's completion lies in input_ids ([start, end), end exclusive).
+    # The trainer's view of the calls (docs/merge-rules.md#outputs): the distinct policy versions that sampled the
+    # sequence, in call order, and where each call's completion lies in input_ids ([start, end), end exclusive).
     "weight_versions": pl.List(pl.Utf8),
     "call_spans": pl.List(pl.Struct({"call_id": pl.Utf8, "start": pl.Int64, "end": pl.Int64})),
 }

@@ -42,30 +42,26 @@ import signal
 import stat
 import subprocess
 import tarfile
-import tempfile
 import threading
 import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polar.rollout.relay import HostRelay, proxy_user
+from polar.rollout.cgroup import _Cgroup, limit_memory  # noqa: F401 (_Cgroup: the tests patch its create)
+from polar.rollout.control import (CONTROL, CONTROL_PREFIX, OWNER_FILE, SANDBOX_VAR,  # noqa: F401
+                                   ControlDir, _control_base, _start_ticks)
 
 KINDS = ("bwrap", "docker", "none")
 UID = GID = 1000
 APP = "/app"
 HOME = "/home/agent"
-CONTROL = "/run/polar"
 RELAY_PORT = 18080
 SYSTEM_PYTHON = "/usr/bin/python3"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 DEFAULT_IMAGE = "polar-sandbox:1"
 RESERVED = (CONTROL, "/proc", "/dev", "/tmp")
-CONTROL_PREFIX = "polar-sbx-"
-OWNER_FILE = "owner.json"
-SANDBOX_VAR = "POLAR_SANDBOX_DIR"  # --sandbox none: the agent's control directory, in its environment
-_RELAY_SOURCE = Path(__file__).with_name("relay.py")
 
 
 class SandboxError(RuntimeError):
@@ -100,6 +96,7 @@ class SandboxResult:
     timed_out: bool
     wall_s: float
     memory_limit: str  # the limit in force, e.g. "cgroup v1 memory 2048 MiB", "prlimit --as 2048 MiB", "none"
+    proxy_connections: int = 0  # connections the sandbox opened to the proxy (its relay's count)
 
 
 # ---------------------------------------------------------------------------------------------- availability
@@ -276,245 +273,17 @@ def _owner(spec: SandboxSpec) -> tuple[int, int] | None:
     return None
 
 
-# ---------------------------------------------------------------------------------------------- memory limits
-
-
-def _mounts_of(fstype: str) -> list[tuple[str, str, set[str]]]:
-    """(mount root, mount point, super options) of each mount of `fstype`."""
-    out = []
-    try:
-        with open("/proc/self/mountinfo") as f:
-            for line in f:
-                left, _, right = line.partition(" - ")
-                fields, rfields = left.split(), right.split()
-                if len(rfields) >= 3 and rfields[0] == fstype:
-                    out.append((fields[3], fields[4], set(rfields[2].split(","))))
-    except OSError:
-        pass
-    return out
-
-
-def _own_cgroup(controller: str) -> str | None:
-    try:
-        with open("/proc/self/cgroup") as f:
-            for line in f:
-                _, ctrls, path = line.rstrip("\n").split(":", 2)
-                if (controller == "" and ctrls == "") or (controller and controller in ctrls.split(",")):
-                    return path
-    except OSError:
-        pass
-    return None
-
-
-def _join(mount: str, root: str, own: str) -> Path | None:
-    if root != "/" and not (own == root or own.startswith(root.rstrip("/") + "/")):
-        return None
-    rel = own[len(root):] if root != "/" else own
-    return Path(mount + "/" + rel.lstrip("/"))
-
-
-class _Cgroup:
-    """A cgroup (or one per v1 controller) for one sandbox, under the caller's own."""
-
-    def __init__(self) -> None:
-        self.dirs: list[Path] = []
-        self.procs: list[str] = []
-        self.version = ""
-
-    @classmethod
-    def create(cls, memory_mb: int | None, cpus: float | None) -> _Cgroup | None:
-        name = f"polar-sbx-{uuid.uuid4().hex[:12]}"
-        cg = cls()
-        try:
-            if memory_mb is not None and cg._v1(name, memory_mb, cpus):
-                return cg
-            cg.remove()
-            cg = cls()
-            if memory_mb is not None and cg._v2(name, memory_mb, cpus):
-                return cg
-        except OSError:
-            pass
-        cg.remove()
-        return None
-
-    def _mkdir(self, parent: Path | None, name: str) -> Path | None:
-        if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK):
-            return None
-        d = parent / name
-        d.mkdir()
-        self.dirs.append(d)
-        return d
-
-    def _v1(self, name: str, memory_mb: int, cpus: float | None) -> bool:
-        mounts = {}
-        for root, point, opts in _mounts_of("cgroup"):
-            for c in ("memory", "cpu"):
-                if c in opts and c not in mounts:
-                    mounts[c] = (root, point)
-        if "memory" not in mounts:
-            return False
-        own = _own_cgroup("memory")
-        d = self._mkdir(_join(mounts["memory"][1], mounts["memory"][0], own) if own else None, name)
-        if d is None:
-            return False
-        limit = memory_mb * 1024 * 1024
-        (d / "memory.limit_in_bytes").write_text(str(limit))
-        if (d / "memory.memsw.limit_in_bytes").exists():  # swap counted in the limit
-            try:
-                (d / "memory.memsw.limit_in_bytes").write_text(str(limit))
-            except OSError:
-                pass
-        self.procs.append(str(d / "cgroup.procs"))
-        self.version = "cgroup v1"
-        if cpus and "cpu" in mounts:
-            own_cpu = _own_cgroup("cpu")
-            try:
-                c = self._mkdir(_join(mounts["cpu"][1], mounts["cpu"][0], own_cpu) if own_cpu else None, name)
-                if c is not None:
-                    (c / "cpu.cfs_period_us").write_text("100000")
-                    (c / "cpu.cfs_quota_us").write_text(str(max(1000, int(cpus * 100000))))
-                    self.procs.append(str(c / "cgroup.procs"))
-            except OSError:
-                pass  # the CPU quota is best effort; memory is what is reported
-        return True
-
-    def _v2(self, name: str, memory_mb: int, cpus: float | None) -> bool:
-        mounts = _mounts_of("cgroup2")
-        own = _own_cgroup("")
-        if not mounts or own is None:
-            return False
-        root, point, _ = mounts[0]
-        parent = _join(point, root, own)
-        if parent is None or not (parent / "cgroup.controllers").is_file():
-            return False
-        if "memory" not in (parent / "cgroup.controllers").read_text().split():
-            return False
-        if "memory" not in (parent / "cgroup.subtree_control").read_text().split():
-            (parent / "cgroup.subtree_control").write_text("+memory")  # EBUSY when the parent holds processes
-        d = self._mkdir(parent, name)
-        if d is None:
-            return False
-        (d / "memory.max").write_text(str(memory_mb * 1024 * 1024))
-        if (d / "memory.swap.max").exists():
-            (d / "memory.swap.max").write_text("0")
-        if cpus and (d / "cpu.max").exists():
-            try:
-                (d / "cpu.max").write_text(f"{max(1000, int(cpus * 100000))} 100000")
-            except OSError:
-                pass
-        self.procs.append(str(d / "cgroup.procs"))
-        self.version = "cgroup v2"
-        return True
-
-    def prefix(self) -> list[str]:
-        """argv prefix putting the command (and so everything it starts) into the cgroup before it runs."""
-        script = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
-        return ["/bin/sh", "-c", script, "polar-cgroup", *self.procs, "--"]
-
-    def kill_all(self) -> None:
-        for procs in self.procs:
-            try:
-                pids = [int(x) for x in Path(procs).read_text().split()]
-            except (OSError, ValueError):
-                continue
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
-
-    def remove(self) -> None:
-        for d in reversed(self.dirs):
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError:
-                    self.kill_all()
-                    time.sleep(0.05)
-        self.dirs.clear()
-
-
 # ---------------------------------------------------------------------------------------------- control directory
 
 
-def _control_base() -> str:
-    base = tempfile.gettempdir()
-    return "/tmp" if len(base) > 60 else base  # the relay's socket path must stay under the 107-byte limit
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot): with the pid, it names one process (pids are reused)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return None if fields[0] == b"Z" else int(fields[19])  # a zombie is gone
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-class _Control:
-    """The sample's private control directory on the host, bound read-only at /run/polar. Its OWNER_FILE names the
-    process that made it (pid and start time), so `sweep_stale_controls` can tell a dead run's directory."""
+class _Control(ControlDir):
+    """The control directory of a sandbox of this module: the agent's HOME and PATH in its environment."""
 
     def __init__(self, spec: SandboxSpec, owner: tuple[int, int] | None):
-        self.dir = Path(tempfile.mkdtemp(prefix=CONTROL_PREFIX, dir=_control_base()))
-        self.relay: HostRelay | None = None
-        self.ready_fd: int | None = None
-        try:
-            # first, written whole (rename): a directory without it is never swept (it may be a live one's, just made)
-            tmp = self.dir / f".{OWNER_FILE}.tmp"
-            tmp.write_text(json.dumps({"pid": os.getpid(), "start": _start_ticks(os.getpid()), "kind": spec.kind,
-                                       "session": spec.session, "created": time.time()}))
-            os.replace(tmp, self.dir / OWNER_FILE)
-            # mkdtemp made it 0700: it opens (0755) only once every file in it has its owner and mode
-            shutil.copyfile(_RELAY_SOURCE, self.dir / "relay.py")
-            os.chmod(self.dir / "relay.py", 0o644)
-            env = dict(spec.env)
-            env["HOME"] = str(spec.home) if spec.kind == "none" else HOME
-            if spec.kind == "none":  # on the host, the sweep finds what a dead run's agent left by this variable
-                env[SANDBOX_VAR] = str(self.dir)
-            env.setdefault("PATH", DEFAULT_PATH)
-            payload = {"env": env, "proxy_user": proxy_user(spec.session) if spec.session else None}
-            fd = os.open(self.dir / "env.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(payload, f)
-            # write-only even for its owner (the agent's uid; the mount is read-only, so no chmod): an agent that
-            # could read the FIFO could swallow the wrapper's line and pass its own failure off as the sandbox's
-            os.mkfifo(self.dir / "ready", 0o600)
-            if owner is not None:
-                for name in ("env.json", "ready"):
-                    os.chown(self.dir / name, *owner)
-            self.ready_fd = os.open(self.dir / "ready", os.O_RDONLY | os.O_NONBLOCK)  # before the chmod
-            os.chmod(self.dir / "ready", 0o200)
-            if spec.proxy_port is not None:
-                self.relay = HostRelay(str(self.dir / "proxy.sock"), spec.proxy_port, spec.session or "", owner=owner)
-            os.chmod(self.dir, 0o755)
-        except BaseException:
-            self.close()
-            raise
-
-    def inside(self, name: str, kind: str) -> str:
-        return str(self.dir / name) if kind == "none" else f"{CONTROL}/{name}"
-
-    def ready(self) -> str:
-        if self.ready_fd is None:
-            return ""
-        try:
-            return os.read(self.ready_fd, 4096).decode(errors="replace")
-        except BlockingIOError:
-            return ""
-
-    def close(self) -> None:
-        if self.relay is not None:
-            self.relay.close()
-            self.relay = None
-        if self.ready_fd is not None:
-            os.close(self.ready_fd)
-            self.ready_fd = None
-        shutil.rmtree(self.dir, ignore_errors=True)
+        env = dict(spec.env)
+        env["HOME"] = str(spec.home) if spec.kind == "none" else HOME
+        env.setdefault("PATH", DEFAULT_PATH)
+        super().__init__(spec, owner, env)
 
 
 def _owner_doc(d: Path) -> dict | None:
@@ -653,20 +422,6 @@ def docker_command(spec: SandboxSpec, ctl: _Control, argv: list[str], name: str)
 # ---------------------------------------------------------------------------------------------- running
 
 
-def _memory(spec: SandboxSpec) -> tuple[list[str], _Cgroup | None, str]:
-    if spec.memory_mb is None:
-        return [], None, "none"
-    if spec.kind == "docker":
-        return [], None, f"docker --memory {spec.memory_mb}m (swap included)"
-    cg = _Cgroup.create(spec.memory_mb, spec.cpus)
-    if cg is not None:
-        return cg.prefix(), cg, f"{cg.version} memory {spec.memory_mb} MiB"
-    prlimit = shutil.which("prlimit")
-    if prlimit:
-        return [prlimit, f"--as={spec.memory_mb * 1024 * 1024}"], None, f"prlimit --as {spec.memory_mb} MiB"
-    return [], None, "none (no writable cgroup, no prlimit)"
-
-
 def _tail(path: Path, n: int = 600) -> str:
     try:
         with open(path, "rb") as f:
@@ -774,7 +529,7 @@ def run_sandboxed(spec: SandboxSpec, argv: list[str], *, stdout: Path, stderr: P
             cgroup.kill_all()
 
     try:
-        prefix, cgroup, memory_limit = _memory(spec)
+        prefix, cgroup, memory_limit = limit_memory(spec.kind, spec.memory_mb, spec.cpus)
         cmd, env, cwd = _command(spec, ctl, argv, name)
         code, timed_out, wall = _supervise(prefix + cmd, env, cwd, stdout, stderr, timeout, kill_extra)
         if cgroup is not None:
@@ -784,7 +539,8 @@ def run_sandboxed(spec: SandboxSpec, argv: list[str], *, stdout: Path, stderr: P
                 raise SandboxError(f"the {spec.kind} sandbox did not start within {timeout:g} s")
             raise SandboxError(f"the {spec.kind} sandbox did not start (exit {code}): "
                                f"{_tail(Path(stderr)) or 'no message'}")
-        return SandboxResult(exit_code=code, timed_out=timed_out, wall_s=wall, memory_limit=memory_limit)
+        return SandboxResult(exit_code=code, timed_out=timed_out, wall_s=wall, memory_limit=memory_limit,
+                             proxy_connections=ctl.relay.connections if ctl.relay is not None else 0)
     finally:
         if cgroup is not None:
             cgroup.remove()

@@ -1,6 +1,6 @@
-"""polar.trainer — the trainer side (DESIGN §10): exports to trainer formats, the loader, logprob verification, the
-reference GRPO step, checkpoints and the training loop. torch is imported only inside this package, and only by the
-modules that need it (`export` runs in the base install)."""
+"""polar.trainer — the trainer side (docs/architecture.md#the-trainer-side): exports to trainer formats, the loader,
+logprob verification, the reference GRPO step, checkpoints and the training loop. torch is imported only inside this
+package, and only by the modules that need it (`export` runs in the base install)."""
 
 import importlib.util
 

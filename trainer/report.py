@@ -10,8 +10,8 @@ from pathlib import Path
 
 # (title, [(train.jsonl field, legend)]) — one chart each
 CHARTS = (
-    ("mean reward per step", [("reward_mean", "all samples"), ("reward_hi", "mean + std"), ("reward_lo", "mean − std"),
-                              ("eval_reward", "held-out tasks (no update)")]),
+    ("mean reward per step", [("reward_mean", "all samples"), ("reward_hi", "mean + std"),
+                              ("reward_lo", "mean − std"), ("eval_reward", "held-out tasks (no update)")]),
     ("groups without a reward spread", [("groups_without_spread", "groups without spread"), ("groups", "groups")]),
     ("KL to the initial policy (k3, nats/token)", [("kl_initial", "KL(π‖π_initial)")]),
     ("policy entropy on trainable tokens (nats)", [("entropy", "mean token entropy")]),
@@ -97,7 +97,8 @@ def _table(lines: list[dict]) -> str:
                      else None)
         cells = (ln["step"], ln.get("weight_version") or "–", ln.get("samples"), ln.get("reward_mean"),
                  ln.get("reward_std"), no_spread, ln.get("eval_reward"), ln.get("updates"), ln.get("kl_initial"),
-                 ln.get("entropy"), ln.get("loss"), ln.get("ratio_mean"), ln.get("ratio_max"), ln.get("verify_median_abs_gap"),
+                 ln.get("entropy"), ln.get("loss"), ln.get("ratio_mean"), ln.get("ratio_max"),
+                 ln.get("verify_median_abs_gap"),
                  ln.get("tokens_trainable"), secs)
         rows.append("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in cells) + "</tr>")
     return ("<table><thead><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr></thead><tbody>"

@@ -1,4 +1,5 @@
-"""polar-train TASKS... --agent AGENT --model DIR --out RUN (DESIGN §10): the closed loop, one step at a time.
+"""polar-train TASKS... --agent AGENT --model DIR --out RUN (docs/architecture.md#the-trainer-side): the closed loop,
+one step at a time.
 
 Each step N (RUN/steps/000N/ is a polar-rollout RUN):
 1. rollout — `polar-rollout` (the proxy's environment, `--rollout-cmd`) runs K samples of the unmodified agent per
@@ -7,14 +8,30 @@ Each step N (RUN/steps/000N/ is a polar-rollout RUN):
    verifies them, writes rewards and groups, and processes the records (RUN/steps/000N/out).
 2. verify — `polar-verify` on that output with the checkpoint that served it: the sampler's logprobs against a
    transformers recompute (reported; a bound exceeded is a warning, not a failed stage).
-3. train — one reference GRPO step (`polar.trainer.grpo`: token-sum normalisation over the whole step, π_old = the
-   recorded logprobs) over the step's micro-batches; the optimizer state carries over from step to step.
-4. checkpoint — a complete HF directory, RUN/checkpoints/step-000N/.
+3. train — `--mini-batches M` × `--epochs E` GRPO updates (`polar.trainer.grpo.grpo_update`: token-sum
+   normalisation over each mini-batch, π_old = the recorded logprobs, so from the second update on the clip
+   matters) over the step's micro-batches; the optimizer state carries over from step to step. A step where no
+   group has a reward spread (`groups_without_spread` = groups: every advantage 0) makes no update, no checkpoint
+   and no publication — the same version keeps serving, the step's line says so — and the loop goes on; so does a
+   step at `--lr 0` (a control: the weights cannot change, so there is nothing to publish).
+4. checkpoint — a complete HF directory, RUN/checkpoints/step-000N/ (`--keep-checkpoints N`: the newest N stay).
 5. reload — `polar.launch.publish` (what `polar-vllm reload --weights RUN/checkpoints/step-000N --version
    step-000N` does): the next rollouts are served by the new weights (their records carry weight_version
    step-000N). Before step 1 the server is reloaded with `--model` as step-0000, so every record of the run names
    the weights that sampled it.
-One line per step in RUN/train.jsonl (TRAIN_FIELDS); RUN/report.html draws the loop's curves.
+One line per step in RUN/train.jsonl (TRAIN_FIELDS); RUN/report.html draws the loop's curves. Besides the reward
+mean, a line holds its spread (`reward_std`), `groups_without_spread`, `updates`, `response_len` (trainable tokens
+per sequence), `entropy` (the policy's mean token entropy on them) and `kl_initial` (k3 KL to the initial policy,
+from a frozen copy of --model: one no-grad forward per micro-batch), both measured before the step's first update,
+and `eval_reward`: `--eval-tasks` (held-out tasks, never trained on) rolled out at the same time as steps 1,
+1+N, … (`--eval-every N`) and the last, with no update (null on the other steps).
+
+TASKS may be task directories or folders of them (a generated family: examples/tasks/families); `--tasks-per-step
+N` draws N of them per step, seeded by (`--seed`, step), so `--resume` draws the same. `--seed` also seeds torch
+and the mini-batch shuffle. It does not seed the sampler: the proxy's `seed` override is one value for every
+request, which would make the K samples of a prompt identical (no spread), and per-sample seeds are not supported.
+Without `--lr` the learning rate (and the updates per batch) is picked from the model's parameter count
+(`default_lr`), printed first and recorded in RUN/train.json (`lr_source`).
 
 The vLLM: `--vllm-run-file F` names a running dev-mode server (`polar-vllm start --dev`) that serves `--model`;
 without it polar-train starts one (`--dtype`, dev mode; `polar.launch.vllm`) with its run file RUN/vllm.json and
@@ -51,8 +68,8 @@ DEFAULT_SAMPLING = "temperature=1.0,top_p=1.0,top_k=-1"
 NEEDS_TRAIN = needs_trainer_env("polar-train")
 TRAIN_FIELDS = ("step", "weight_version", "samples", "statuses", "reward_mean", "reward_mean_per_group",
                 "verify_median_abs_gap", "verify_share_within", "ratio_mean", "ratio_max", "clip_share", "tis_share",
-                "loss", "tokens_forward", "tokens_trainable", "seconds", "reward_std", "groups", "groups_without_spread",
-                "updates", "response_len", "entropy", "kl_initial", "eval_reward", "tasks", "published")
+                "loss", "tokens_forward", "tokens_trainable", "seconds", "reward_std", "groups",
+                "groups_without_spread", "updates", "response_len", "entropy", "kl_initial", "eval_reward", "tasks", "published")
 STAGES = ("rollout", "process", "verify", "train", "reload")
 
 
@@ -88,7 +105,8 @@ def parser() -> argparse.ArgumentParser:
                    help="tasks drawn (seeded) per step from TASKS (default: every task, every step)")
     p.add_argument("--mini-batches", type=int, default=None, metavar="M",
                    help="optimizer updates per pass over a step's rollouts (shuffled parts; default: picked with --lr)")
-    p.add_argument("--epochs", type=int, default=1, metavar="E", help="passes over a step's rollouts")
+    p.add_argument("--epochs", type=int, default=None, metavar="E",
+                   help="passes over a step's rollouts (default: picked with --lr)")
     p.add_argument("--seed", type=int, default=0, help="seeds the task draw, the mini-batch shuffle and torch")
     p.add_argument("--keep-checkpoints", type=int, default=None, metavar="N",
                    help="keep the newest N checkpoints (the one serving is always the newest; default: all)")
@@ -166,12 +184,13 @@ class Plan:
                    params=args.params)
 
 
-# The learning rate when --lr is not given (measured on the tiny model, BENCHMARKS.md "polar-train learns"): a
-# small randomly initialised model learns a graded answer task at 1e-2 with 2 updates per step and does not at 1e-3;
-# a pretrained model of ~10^8 parameters and more takes 1e-5 · sqrt(1e9 / params), within [1e-6, 5e-5] (2.7e-5 for
+# The learning rate when --lr is not given (measured on the tiny model: docs/training.md, "Measured"): a
+# small randomly initialised model learns a graded answer family at 1e-2 with 2 mini-batches × 4 epochs (8 updates
+# per rollout batch; 4 updates learn too, more slowly) and does not at 1e-3 with one; a pretrained model of ~10^8
+# parameters and more takes 1e-5 · sqrt(1e9 / params), within [1e-6, 5e-5], one update per batch (2.7e-5 for
 # SmolLM2-135M: the usual RL fine-tuning range, not measured to learn here).
 SMALL_MODEL_PARAMS = 20_000_000
-SMALL_MODEL_LR, SMALL_MODEL_MINI_BATCHES = 1e-2, 2
+SMALL_MODEL_LR, SMALL_MODEL_MINI_BATCHES, SMALL_MODEL_EPOCHS = 1e-2, 2, 4
 
 
 def count_params(model_dir: str | Path) -> int | None:
@@ -193,21 +212,21 @@ def count_params(model_dir: str | Path) -> int | None:
     return total if found else None
 
 
-def default_lr(params: int | None) -> tuple[float, int, str]:
-    """(learning rate, mini-batches, why) for a model of `params` parameters."""
+def default_lr(params: int | None) -> tuple[float, int, int, str]:
+    """(learning rate, mini-batches, epochs, why) for a model of `params` parameters."""
     if params is not None and params < SMALL_MODEL_PARAMS:
-        return SMALL_MODEL_LR, SMALL_MODEL_MINI_BATCHES, (f"{params / 1e6:.1f}M parameters < "
-                                                          f"{SMALL_MODEL_PARAMS / 1e6:.0f}M: a small model")
+        return SMALL_MODEL_LR, SMALL_MODEL_MINI_BATCHES, SMALL_MODEL_EPOCHS, (
+            f"{params / 1e6:.1f}M parameters < {SMALL_MODEL_PARAMS / 1e6:.0f}M: a small model")
     n = params or 1_000_000_000
     lr = min(max(1e-5 * (1e9 / n) ** 0.5, 1e-6), 5e-5)
-    return float(f"{lr:.2g}"), 1, f"{n / 1e6:.0f}M parameters: 1e-5·sqrt(1e9/params)"
+    return float(f"{lr:.2g}"), 1, 1, f"{n / 1e6:.0f}M parameters: 1e-5·sqrt(1e9/params)"
 
 
 def check_args(args) -> None:
-    for name in ("steps", "samples", "micro_batch_tokens", "epochs", "eval_every", "eval_samples"):
+    for name in ("steps", "samples", "micro_batch_tokens", "eval_every", "eval_samples"):
         if getattr(args, name) < 1:
             raise BadInput(f"--{name.replace('_', '-')} {getattr(args, name)}: must be ≥ 1")
-    for name in ("tasks_per_step", "mini_batches", "keep_checkpoints"):
+    for name in ("tasks_per_step", "mini_batches", "epochs", "keep_checkpoints"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise BadInput(f"--{name.replace('_', '-')} {getattr(args, name)}: must be ≥ 1")
     if args.samples < 2:
@@ -233,15 +252,15 @@ def check_args(args) -> None:
     if args.eval_tasks and not task_dirs(args.eval_tasks):
         raise BadInput(f"--eval-tasks: no Harbor task in {' '.join(args.eval_tasks)}")
     args.params = count_params(args.model)
-    lr, mini, why = default_lr(args.params)
+    lr, mini, epochs, why = default_lr(args.params)
     if args.lr is None:
         args.lr, args.lr_source = lr, f"picked: {why}"
-        if args.mini_batches is None:
-            args.mini_batches = mini
+        args.mini_batches = mini if args.mini_batches is None else args.mini_batches
+        args.epochs = epochs if args.epochs is None else args.epochs
     else:
         args.lr_source = "given"
-    if args.mini_batches is None:
-        args.mini_batches = 1
+    args.mini_batches = 1 if args.mini_batches is None else args.mini_batches
+    args.epochs = 1 if args.epochs is None else args.epochs
     if args.vllm_run_file and not Path(args.vllm_run_file).is_file():
         raise BadInput(f"--vllm-run-file {args.vllm_run_file}: no such file ({launch_vllm.command()} start --dev "
                        f"writes it)")

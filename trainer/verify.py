@@ -1,4 +1,5 @@
-"""polar-verify OUT --model [VERSION=]DIR... (DESIGN §10): do the recorded logprobs match the policy's?
+"""polar-verify OUT --model [VERSION=]DIR... (docs/architecture.md#the-trainer-side): do the recorded logprobs match the
+policy's?
 
 Every trainable token of OUT/sequences.parquet is recomputed with transformers (reference/trainer-integration.md
 §3.4: the stored ids, logits at t−1 for token t, raw log-softmax) under the checkpoint of the weight version that

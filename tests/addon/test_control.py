@@ -1,5 +1,5 @@
-"""The gateway's control endpoints (DESIGN §10): hold generation while a backend reloads its weights, release it with
-the new policy version, and the version stamped on every record.
+"""The gateway's control endpoints (docs/architecture.md#the-trainer-side): hold generation while a backend reloads its
+weights, release it with the new policy version, and the version stamped on every record.
 
 Scenarios: 1.x the token file · 2.x the hold state (an event loop, no sockets) · 3.x the HTTP answers (no sockets) ·
 4.x through a real mitmdump: own port, token, held requests wait then go, in-flight streams finish, the version on

@@ -8,8 +8,9 @@
 6.x  compact form: written only when the prompt starts with the parent's prompt; the reader and the processor's
      session loader rebuild it, across files
 7.x  prepare() against a mocked backend: every failure is a fallback reason, never an exception
-8.x  the rebuild after a restart (DESIGN §7): the same turns from the flow files, so the same splice; bounded,
-     incremental, once per session; bad files skipped and counted; unreadable records are rebuild_failed
+8.x  the rebuild after a restart (docs/architecture.md#exact-mode): the same turns from the flow files, so the same
+     splice; bounded, incremental, once per session; bad files skipped and counted; unreadable records are
+     rebuild_failed
 """
 
 from __future__ import annotations
@@ -292,7 +293,8 @@ def test_7_4_a_first_call_is_a_new_conversation_never_an_edit():
 
 
 # ---------------------------------------------------------------------------------------------------- 8.x rebuild
-# After a restart the turn cache is rebuilt from the flow files (DESIGN §7): the same turns, so the same splice.
+# After a restart the turn cache is rebuilt from the flow files (docs/architecture.md#exact-mode): the same turns, so
+# the same splice.
 
 def _toy_render(req):
     """A toy chat template behind a mock /tokenize: <s> role text-ids EOT \\n per message, then a generation prompt."""

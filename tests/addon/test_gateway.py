@@ -127,14 +127,14 @@ def test_2_5_a_failing_reroute_fails_closed(addon, monkeypatch):
     def boom(flow):
         raise RuntimeError("bug")
 
-    monkeypatch.setattr(gw, "_reroute", boom)
+    monkeypatch.setattr(gw.reroute, "_reroute", boom)
     f = provider_flow()
     gw.request(f)
     assert f.response is not None and f.response.status_code == 529  # Anthropic's "unavailable"
     assert f.request.host == "api.anthropic.com"  # answered locally: mitmproxy never contacts the real host
 
 
-FAIL_CLOSED_SHAPES = [  # host, path → what each provider's own "unavailable" looks like (DESIGN §4)
+FAIL_CLOSED_SHAPES = [  # host, path → what each provider's own "unavailable" looks like (docs/architecture.md)
     ("api.anthropic.com", "/v1/messages", 529, lambda b: b["type"] == "error" and b["error"]["type"] == "overloaded_error"),
     ("api.openai.com", "/v1/chat/completions", 503, lambda b: b["error"]["code"] == "service_unavailable"),
     ("api.openai.com", "/v1/responses", 503, lambda b: b["error"]["type"] == "server_error"),

@@ -1,4 +1,4 @@
-"""The record schema, the writer's file rules and the reader's torn-tail reports (DESIGN §5)."""
+"""The record schema, the writer's file rules and the reader's torn-tail reports (docs/records.md)."""
 
 from __future__ import annotations
 

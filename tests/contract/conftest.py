@@ -4,7 +4,7 @@ each started ONCE per test session with a recording relay and its own gateway in
     SDK --HTTPS_PROXY--> gateway (mitmdump + addon) --> RecordingRelay --> backend
 
 The relay forwards bytes unchanged and keeps what the backend really sent, so every test compares the record and the
-SDK's view against the backend's own bytes, identically for both backends (DESIGN §8).
+SDK's view against the backend's own bytes, identically for both backends (every contract test runs against both).
 
 The real vLLM is the tiny model started for this suite with `--max-model-len 4096` (`start_vllm`, stopped when the
 suite's tests are done; POLAR_TEST_VLLM_CONTRACT_URL reuses a running server). Why not the shared 64k server: the

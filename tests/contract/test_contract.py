@@ -10,8 +10,8 @@ Scenarios:
 2. A forced tool call (Anthropic tool_choice any, OpenAI required, Google ANY) comes back in the provider's
    tool-call shape, equal to what the backend's tool parser sent.
 3. max_tokens larger than the context is clamped to max_model_len − prompt_len (record normalization) and the call
-   succeeds; a prompt longer than the context gets the provider's context-length error (DESIGN §4) and a record
-   with `error` set.
+   succeeds; a prompt longer than the context gets the provider's context-length error (docs/architecture.md) and a
+   record with `error` set.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ def expected_stop(protocol: str, finish: str, stop_reason, tool_calls: bool) -> 
 
 
 def context_error(protocol: str, exc: Exception) -> None:
-    """The provider's context-length error (DESIGN §4 table): status and body shape."""
+    """The provider's context-length error (the error table in docs/architecture.md): status and body shape."""
     if protocol == "anthropic_messages":
         assert isinstance(exc, anthropic.BadRequestError) and exc.status_code == 400
         assert exc.body["type"] == "error" and exc.body["error"]["type"] == "invalid_request_error"

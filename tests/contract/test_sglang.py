@@ -126,7 +126,8 @@ def test_1_record_has_sglang_ids_and_logprobs_and_the_agent_gets_the_backends_us
     assert res.text.strip() == "Hello from SGLang."
     if protocol == "anthropic_messages" and stream:
         # SGLang sends the prompt ids only at the end and cannot count chat messages beforehand: message_start says
-        # 0 (never a wrong number) and the closing message_delta carries the real count (DESIGN §4).
+        # 0 (never a wrong number) and the closing message_delta carries the real count (docs/architecture.md, step 5 of
+        # one call).
         assert res.start_input_tokens in (0, truth.usage["prompt_tokens"])
 
 

@@ -225,7 +225,7 @@ def session_records(gateway, session: str) -> list[dict]:
             f"record {r['id']} {r['path']}: session {r['session']!r} from {r['session_source']!r}"
         assert r["error"] is None, f"record {r['id']} {r['path']}: error {r['error']}"
         assert r["completion_token_ids"] is not None and r["completion_logprobs"] is not None, r["id"]
-        assert r["prompt_token_ids"] is not None or r.get("prompt_ref"), r["id"]  # full or compact (DESIGN §5)
+        assert r["prompt_token_ids"] is not None or r.get("prompt_ref"), r["id"]  # full or compact (docs/records.md)
         assert r["finish_reason"] is not None and r["usage"], r["id"]
     return records
 

@@ -32,8 +32,8 @@ def test_1_one_turn_answer_and_memory_extractor(gateway, main_script, agents, tm
     picked = [s for s in processed.sequences if "side_chain" not in s["flags"]]
     assert len(picked) == 1
     if picked[0]["call_ids"] != main_ids:
-        # Two one-call chains: DESIGN §6 rule 9 breaks the tie on trainable tokens, so an extractor answer longer than
-        # the main answer is the main chain by contract. Check that it is exactly that tie-break.
+        # Two one-call chains: docs/merge-rules.md rule 9 breaks the tie on trainable tokens, so an extractor answer
+        # longer than the main answer is the main chain by contract. Check that it is exactly that tie-break.
         [main_seq] = [s for s in processed.sequences if s["call_ids"] == main_ids]
         assert main_seq["n_calls"] == picked[0]["n_calls"] == 1
         assert picked[0]["n_trainable"] >= main_seq["n_trainable"]

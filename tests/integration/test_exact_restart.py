@@ -1,5 +1,5 @@
-"""Exact mode survives a proxy restart (DESIGN §7, §10): real mitmdump + TLS, the OpenAI SDK as the agent, the
-scripted upstream with vLLM's tokens-in chat and a real tokenizer (tests/support/exact_upstream.py).
+"""Exact mode survives a proxy restart (docs/architecture.md#exact-mode): real mitmdump + TLS, the OpenAI SDK as the
+agent, the scripted upstream with vLLM's tokens-in chat and a real tokenizer (tests/support/exact_upstream.py).
 
 1.1  turns 1–2 of a tool session, the proxy restarted on the same flow directory, turn 3: the turn-3 record is
      spliced from the rebuilt turn cache (parent = turn 2, not no_parent), and its prompt ids — and the ids sent

@@ -185,7 +185,7 @@ def test_2_1_qwen_style_two_turn_tool_use_restores_reasoning_and_exact_arguments
 
 
 def test_2_2_parallel_tool_calls_and_a_required_choice(gateway, upstream):
-    # With reasoning first: vLLM's stream runs the tool parser only once reasoning has ended (FIELD-NOTES §1).
+    # With reasoning first: vLLM's stream runs the tool parser only once reasoning has ended (docs/field-notes.md).
     upstream.script(Reply(reasoning="Two commands.", tool_calls=[("run_shell_command", {"command": "ls"}),
                                       ("run_shell_command", {"command": "pwd"})]))
     resp = sdk(gateway).chat.completions.create(model="gpt-4o", messages=user("ls and pwd"), tools=SHELL,

@@ -155,11 +155,11 @@ LATE_ENDPOINT = '''
 import sys
 if sys.argv and sys.argv[0].endswith("mitmdump"):
     import asyncio
-    from polar.addon import endpoint, gateway
+    from polar.addon import endpoint, readiness
 
     N = 3
     _state = {"not_ready": 0, "go": None}
-    _start, _request = endpoint.Endpoint.start, gateway.PolarGateway.request
+    _start, _request = endpoint.Endpoint.start, readiness.Readiness.request
 
     def request(self, flow):
         _request(self, flow)
@@ -176,7 +176,7 @@ if sys.argv and sys.argv[0].endswith("mitmdump"):
         return await _start(self, *args, **kwargs)
 
     endpoint.Endpoint.start = start
-    gateway.PolarGateway.request = request
+    readiness.Readiness.request = request
 '''
 
 
@@ -231,3 +231,20 @@ def test_3_3_a_second_start_is_refused_and_the_session_is_escaped(tmp_path, upst
         assert resp.status_code == 200, resp.text
         assert [r["session"] for r in gw.records()] == [session]
     assert not os.path.exists(os.path.join(run_dir, "proxy.json"))  # stop reached the first proxy
+
+
+def test_3_4_an_option_only_the_proxy_can_refuse_is_one_line_and_exit_2(tmp_path):
+    """Issue 22: a value that parses but cannot work (a token file that cannot be created) is refused by the gateway
+    at start-up, where mitmdump exits: start prints the gateway's line, not the log's CancelledError traceback."""
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([*PROXY, "start", "--upstream", f"http://127.0.0.1:{free_port()}/v1", "--flows",
+                           str(tmp_path / "flows"), "--run-dir", str(run_dir), "--set",
+                           "polar_control_token=/dev/null/token"], capture_output=True, text=True, timeout=90,
+                          check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert errors[0].startswith("error: polar_control_token: cannot create or read the token file /dev/null/token")
+    assert "Traceback" not in proc.stderr and not (run_dir / "proxy.json").exists()
+    (log,) = run_dir.glob("proxy-*.log")
+    text = log.read_text()
+    assert "the proxy exits (a bad option at start-up)" in text and "CancelledError" not in text

@@ -1,4 +1,5 @@
-"""Scenarios for `polar-process` end to end: outputs, options, exit codes (DESIGN §3)."""
+"""Scenarios for `polar-process` end to end: outputs, options, exit codes (docs/options.md#polar-process,
+docs/merge-rules.md#outputs)."""
 
 import json
 import os

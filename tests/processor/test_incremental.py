@@ -1,6 +1,6 @@
-"""Scenarios for `polar-process --incremental` (issue 9 item 2, DESIGN §3): a later run reads only flow files closed
-since the manifest in OUT, rebuilds whole the sessions they touch, recomputes rewards and advantages, re-packs
-batches/, and ends with the outputs of a full run over the same closed files."""
+"""Scenarios for `polar-process --incremental` (issue 9 item 2, docs/options.md#polar-process): a later run reads only
+flow files closed since the manifest in OUT, rebuilds whole the sessions they touch, recomputes rewards and advantages,
+re-packs batches/, and ends with the outputs of a full run over the same closed files."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Scenarios for processor/merge.py: DESIGN §6 rules 1–4 and 6–9, on hand-made token layouts."""
+"""Scenarios for processor/merge.py: docs/merge-rules.md rules 1–4 and 6–9, on hand-made token layouts."""
 
 import json
 

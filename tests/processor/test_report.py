@@ -1,4 +1,5 @@
-"""Scenarios for processor/report.py: report.json's tables and report.html's plots (DESIGN §3, issue 13 item 11)."""
+"""Scenarios for processor/report.py: report.json's tables and report.html's plots (docs/merge-rules.md#outputs, issue
+13 item 11)."""
 
 import json
 import re

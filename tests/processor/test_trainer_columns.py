@@ -1,5 +1,5 @@
-"""Scenarios for the trainer's columns (DESIGN §10): calls.parquet's sampling values, logprobs mode and weight
-version; sequences.parquet's weight_versions, call_spans and the mixed_weight_versions flag.
+"""Scenarios for the trainer's columns (docs/merge-rules.md#outputs): calls.parquet's sampling values, logprobs mode and
+weight version; sequences.parquet's weight_versions, call_spans and the mixed_weight_versions flag.
 
 1.x  calls columns, from the record (normalize.py)
 2.x  sequence columns, from the merge (merge.py)

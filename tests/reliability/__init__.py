@@ -1,8 +1,8 @@
 """Reliability and security tests (issue 8), and the protocol table they share with scripts/soak.
 
 `PROTOCOLS` describes each provider protocol the way an agent sees it on the wire: where a generation request goes,
-a minimal body, the DESIGN §4 error table (status and the provider's error label per gateway error kind), and how to
-read a streamed answer's ending (a clean end, the protocol's mid-stream error event, or neither).
+a minimal body, the error table in docs/architecture.md (status and the provider's error label per gateway error kind),
+and how to read a streamed answer's ending (a clean end, the protocol's mid-stream error event, or neither).
 """
 
 from __future__ import annotations

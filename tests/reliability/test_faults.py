@@ -1,8 +1,8 @@
 """Backend faults through the real proxy (mitmdump, real TLS), for each of the four protocols.
 
-Every fault gets the DESIGN §4 table's answer (before headers: the provider's error status and body; mid-stream: the
-protocol's error event), the record says what happened (`error.stage`, `error.status`, `provider_status`), and the
-proxy answers the next call normally.
+Every fault gets the answer of the error table in docs/architecture.md (before headers: the provider's error status and
+body; mid-stream: the protocol's error event), the record says what happened (`error.stage`, `error.status`,
+`provider_status`), and the proxy answers the next call normally.
 
 Scenarios: 1.x faults of a live backend (scripted upstream) · 2.x timeouts (a gateway with short timeouts) ·
 3.x a backend that is not there (refused, then back; connect timeout on a socket that never accepts).

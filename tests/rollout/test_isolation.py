@@ -1,7 +1,7 @@
-"""Isolation through the runner (issue 15, DESIGN §9): one polar-rollout run per sandbox kind (bwrap; docker when the
-dockerd fixture starts), K = 2, with the probe agent (tests/rollout/probeagent.py) trying every way out from inside
-its sandbox. Asserted from what the verifier copied to RUN/samples/probe/<k>/0/verifier/probe.json, the scripted
-upstream's requests and RUN/flows:
+"""Isolation through the runner (issue 15, docs/architecture.md#the-rollout-runner): one polar-rollout run per sandbox
+kind (bwrap; docker when the dockerd fixture starts), K = 2, with the probe agent (tests/rollout/probeagent.py) trying
+every way out from inside its sandbox. Asserted from what the verifier copied to
+RUN/samples/probe/<k>/0/verifier/probe.json, the scripted upstream's requests and RUN/flows:
 
 - the repository, certs/, .cache/run/, RUN/, examples/tasks/*/solution (and the task's own solution/ and tests/) by
   their absolute host paths: not there at all (ENOENT, not just unreadable);

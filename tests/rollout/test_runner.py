@@ -1,5 +1,6 @@
-"""polar-rollout end to end (DESIGN §9), `--sandbox none` unless said otherwise: a python: agent (tests/rollout/
-testagent.py, the official openai SDK through HTTPS_PROXY) against the scripted upstream behind the runner's own proxy.
+"""polar-rollout end to end (docs/contracts.md#polar-rollout), `--sandbox none` unless said otherwise: a python: agent
+(tests/rollout/testagent.py, the official openai SDK through HTTPS_PROXY) against the scripted upstream behind the
+runner's own proxy.
 
 1.x  statuses, results.jsonl / rewards.jsonl exactly, group advantages ±1, RUN's files, the preflight's sessions
      left out of processing; every fault status of the table
@@ -124,6 +125,41 @@ def test_1_2_every_fault_gets_its_status_and_reward_rule(tmp_path, upstream):
     hangs = seqs.filter(pl.col("session") == "r2/hangs/0/0")
     assert hangs.height == 1 and hangs["reward"][0] == 0.0
     assert set(seqs["session"]) == {f"r2/{t}/0/0" for t in got if t != "no-call"}
+
+
+def test_1_3_an_agent_killed_mid_answer_is_agent_timeout_once_the_proxy_has_recorded_its_call(tmp_path, upstream):
+    """The agent's timeout kills it in the middle of a streamed answer: the proxy writes that call's record (a
+    client_abort, its tokens so far) only at its next write to the gone agent, after the sandbox has ended. The
+    status comes from the records once written — agent_timeout, 0.0, trained — never from a count that raced them
+    (infra_error, "none with token ids")."""
+    from tests.support.scripted_upstream import Reply
+
+    tasks = tmp_path / "tasks"
+    make_task(tasks, "mid-answer", "stream-gated", agent_timeout=20)  # past the SDK import on a busy machine
+    upstream.script(Reply(text="Six times seven is forty-two. " * 8, gate=True))  # parked after its first chunk
+    run = tmp_path / "run"
+    eot = upstream.tokenizer.token_to_id("<|im_end|>")  # no call of this run stops naturally: no evidence of it
+    proc = start_rollout(str(tasks), *_base(tmp_path, upstream, "--samples", "1", "--skip-preflight", "--run-id",
+                                            "r13", f"--process-opt=--eot-token-id={eot}"))
+    try:
+        assert upstream.wait_for_gate(timeout=90), "the agent's streamed call did not reach the upstream"
+        found = lambda: list((run / ".work").glob("*/app/pids.json")) if (run / ".work").is_dir() else []
+        _wait_for(found, 30, proc)
+        pid = json.loads(found()[0].read_text())["agent"]
+        _wait_for(lambda: not runner.is_alive(pid), 60, proc)  # killed at its timeout, mid-answer
+        time.sleep(1.0)  # the sandbox is gone and the runner has counted: no record of that call yet
+        upstream.release()  # the stream goes on; the proxy's next write finds the agent gone: the record
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    [line] = results(run)
+    assert (line["status"], line["reward"], line["agent_exit"]) == ("agent_timeout", 0.0, None), line
+    assert line["calls"] == 1 and line["trainable_tokens"] > 0
+    assert rewards(run) == [{"session": "r13/mid-answer/0/0", "reward": 0.0, "group": "r13/mid-answer"}]
+    seqs = _sequences(run).filter(pl.col("session") == "r13/mid-answer/0/0")
+    assert seqs.height == 1 and seqs["reward"][0] == 0.0  # its partial answer is trained, with its 0.0
 
 
 # ---------------------------------------------------------------------------------------------------- 2. exit codes

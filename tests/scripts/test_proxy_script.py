@@ -136,3 +136,16 @@ def test_1_8_help_describes_every_option_and_its_default(proxy):
             assert "default" in action.help, action.option_strings
     text = subprocess.run([*PROXY, "--help"], capture_output=True, text=True, timeout=30, check=True).stdout
     assert "ending in /v1" in text and "(default: 30.0)" in text
+
+
+@pytest.mark.parametrize("item,line", [
+    ("polar_exct=true", "error: unknown option polar_exct (did you mean polar_exact?)"),
+    ("polar_exact=yes", "error: polar_exact: expected true or false (or the value omitted, meaning true), got 'yes'"),
+])
+def test_1_9_a_bad_polar_set_is_one_line_exit_2_before_anything_starts(tmp_path, item, line):
+    """Issue 22: a typo used to start a proxy that said nothing; a value mitmproxy cannot parse, ~50 lines ending in
+    CancelledError."""
+    proc = subprocess.run([*PROXY, "start", "--run-dir", str(tmp_path), "--set", item], capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert proc.returncode == 2 and one_line_error(proc) == line
+    assert os.listdir(tmp_path) == []

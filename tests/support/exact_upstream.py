@@ -1,7 +1,8 @@
-"""The scripted upstream plus vLLM 0.30–0.33's tokens-in chat (FIELD-NOTES §7): `kv_transfer_params.prompt_token_ids`
-is used verbatim as the prompt (no template) and echoed, except when messages carry non-text content (then vLLM
-renders the messages). `honour_prompt_ids=False` plays a backend that ignores the ids (the probe must refuse it);
-`corrupt_echo=True` plays one that uses them but echoes something else (the gateway must notice)."""
+"""The scripted upstream plus vLLM 0.30–0.33's tokens-in chat (docs/field-notes.md):
+`kv_transfer_params.prompt_token_ids` is used verbatim as the prompt (no template) and echoed, except when messages
+carry non-text content (then vLLM renders the messages). `honour_prompt_ids=False` plays a backend that ignores the ids
+(the probe must refuse it); `corrupt_echo=True` plays one that uses them but echoes something else (the gateway must
+notice)."""
 
 from __future__ import annotations
 

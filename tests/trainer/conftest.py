@@ -1,7 +1,7 @@
 """tests/trainer runs in .venv-train (torch; scripts/test starts that session). The proxy's .venv has no torch: its
 session leaves this directory to the other one and says so in its header.
 
-Fixtures shared by the verify, reload and loop tests (DESIGN §10: one float32 dev-mode tiny server for all of them):
+Fixtures shared by the verify, reload and loop tests (one float32 dev-mode tiny server for all of them):
 - `dev_server`: the tiny model in float32 with VLLM_SERVER_DEV_MODE=1 (`scripts/vllm start --dtype float32 --dev`),
   started once per session. A test that reloads other weights restores the original ones before it ends.
 - `exact_rollout`: one polar-rollout run (the proxy's .venv, as a subprocess) against it: the SDK agent on the

@@ -1,4 +1,4 @@
-"""polar.trainer.checkpoint (DESIGN §10): a saved step is a complete HF directory.
+"""polar.trainer.checkpoint (docs/architecture.md#the-trainer-side): a saved step is a complete HF directory.
 
 Scenarios:
 1.1 the saved directory loads back in transformers with equal parameters, and has every file vLLM needs;

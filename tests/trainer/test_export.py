@@ -1,4 +1,5 @@
-"""Scenarios for `polar-export` (trainer/export.py, DESIGN §10) on processor output built from synthetic records.
+"""Scenarios for `polar-export` (trainer/export.py, docs/trainer-formats.md) on processor output built from synthetic
+records.
 
 1.x  rows written and left out, files and manifest (every format)
 2.x  slime field by field

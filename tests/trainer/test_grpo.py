@@ -1,4 +1,5 @@
-"""polar.trainer.grpo (DESIGN §10): the reference GRPO step on real rollouts of the tiny model.
+"""polar.trainer.grpo (docs/architecture.md#the-trainer-side): the reference GRPO step on real rollouts of the tiny
+model.
 
 Scenarios:
 1.1 on-policy: at the first micro-step every ratio is 1 within 1e-3 (fp32 serving, exact mode, T=1).

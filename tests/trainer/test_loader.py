@@ -1,4 +1,5 @@
-"""polar.trainer.loader (DESIGN §10): micro-batches from batches/*.parquet, per_sequence and packed.
+"""polar.trainer.loader (docs/architecture.md#the-trainer-side): micro-batches from batches/*.parquet, per_sequence and
+packed.
 
 Scenarios:
 1.x layouts: both give the same per-token logprobs on the tiny model (transformers 5.19 builds the block-diagonal

@@ -1,5 +1,5 @@
-"""Weight publication (DESIGN §10): `scripts/vllm reload` against the shared float32 dev-mode tiny server, with a real
-proxy (scripts/proxy, the .venv's mitmdump) in front of it.
+"""Weight publication (docs/architecture.md#the-trainer-side): `scripts/vllm reload` against the shared float32 dev-mode
+tiny server, with a real proxy (scripts/proxy, the .venv's mitmdump) in front of it.
 
 Scenarios: 1.1 after a reload to a perturbed checkpoint the logprobs recorded through the proxy are the new
 checkpoint's (a transformers recompute), not the old one's, and records carry the new version · 1.2 agents streaming

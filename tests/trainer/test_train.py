@@ -1,6 +1,6 @@
-"""polar-train (DESIGN §10): the closed loop on the shared float32 dev-mode tiny server — 2 steps of rollout (the SDK
-answer agent on vowel-share: one free-text turn per sample, whose vowel share varies within a group under the random
-model) → verify → GRPO step → checkpoint
+"""polar-train (docs/architecture.md#the-trainer-side): the closed loop on the shared float32 dev-mode tiny server — 2
+steps of rollout (the SDK answer agent on vowel-share: one free-text turn per sample, whose vowel share varies within a
+group under the random model) → verify → GRPO step → checkpoint
 → reload, every stage exercised; the checkpoints' parameters differ from the start by more than weight decay alone
 would make them; the second step's rollouts are served (and recorded) by the first step's weights. Bad input exits 2
 with one line."""

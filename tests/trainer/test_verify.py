@@ -1,4 +1,4 @@
-"""polar-verify (DESIGN §10) on real rollouts of the tiny model served in float32.
+"""polar-verify (docs/architecture.md#the-trainer-side) on real rollouts of the tiny model served in float32.
 
 Scenarios:
 1.1 exact mode, T=1: median |gap| < 1e-4 and ≥ 99.9 % of the checked tokens within 0.01 nats, exit 0; the outputs

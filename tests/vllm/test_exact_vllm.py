@@ -1,5 +1,6 @@
 """Exact on-policy mode on a real vLLM (the tiny model, CPU build), through the real proxy with the OpenAI SDK, at
-temperature 1.6 (`polar_sampling_override`), where re-rendered histories break the prefix (FIELD-NOTES §4).
+temperature 1.6 (`polar_sampling_override`), where re-rendered histories break the prefix (docs/field-notes.md:
+re-rendered prompts).
 
 1.1  the startup probe accepts vLLM 0.30+ (non-canonical ids echoed unchanged)
 1.2  a three-turn session (forced tool call → tool result → free answer → follow-up): every follow-up takes the exact

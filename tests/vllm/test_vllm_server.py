@@ -1,5 +1,5 @@
-"""The real vLLM server our gateway talks to (scripts/vllm, FIELD-NOTES §1): what it sends back is what the records
-store, so these tests pin the wire facts the gateway relies on.
+"""The real vLLM server our gateway talks to (scripts/vllm, docs/field-notes.md: vLLM): what it sends back is what the
+records store, so these tests pin the wire facts the gateway relies on.
 
 1.x  the server: starts, lists the served model and its context, answers /health and /version
 2.x  token data: JSON and streamed chat carry prompt ids, completion ids and one logprob per id; /tokenize equals
@@ -212,7 +212,7 @@ def test_3_3_named_tool_choice_calls_that_tool(client, tiny):
 
 
 def test_3_4_auto_tool_choice_is_accepted(client, tiny):
-    # Without --enable-auto-tool-choice vLLM answers tools + auto with 400 (FIELD-NOTES §1).
+    # Without --enable-auto-tool-choice vLLM answers tools + auto with 400 (docs/field-notes.md: vLLM).
     body = chat(client, tiny, messages=CONVERSATION[:2], tools=[WEATHER_TOOL], max_tokens=8, temperature=0)
     assert body["choices"][0]["finish_reason"] in ("length", "stop", "tool_calls")
 

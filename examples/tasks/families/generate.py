@@ -28,7 +28,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-TOPICS = ("a train timetable", "a shopping list", "a weather report", "a football match", "a recipe", "a bank statement",
+TOPICS = ("a train timetable", "a shopping list", "a weather report", "a football match", "a recipe",
+          "a bank statement",
           "a library catalogue", "a chess game", "a phone book", "a tide table", "a star chart", "a garden plan",
           "an invoice", "a lottery draw", "a flight board", "a diary entry", "a city map", "a school report",
           "a song", "a poem", "a parking ticket", "a museum guide", "a race result", "a tax form")

@@ -1,0 +1,84 @@
+"""The agent's command line in its sandbox: argv, environment and mounts, for a CLI agent (rollout/agents.py) or a
+python: agent (polar.rollout.pyagent with the runner's venv), boxed or on the host (--sandbox none)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from polar.rollout import agents as agentlib
+from polar.rollout.common import proxy_url
+from polar.rollout.job import SampleContext, SampleJob
+
+# Paths inside the sandbox (the sandbox itself puts the sample's workdir at /app and HOME at /home/agent).
+IN_VENV = "/opt/polar/venv"
+IN_LIB = "/opt/polar/lib"
+IN_AGENT_DIR = "/opt/polar/agent"
+IN_NPM = "/opt/polar/npm"
+IN_TESTS = "/tests"
+IN_VERIFIER = "/logs/verifier"
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def host_env() -> dict[str, str]:
+    """--sandbox none: the runner's environment minus what would move the agent off the proxy or out of its HOME."""
+    drop = set(agentlib.DROP_VARS) | set(agentlib.HOME_VARS) | {
+        "HTTPS_PROXY", "https_proxy", "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+        "CODEX_CA_CERTIFICATE", "PYTHONPATH", "VIRTUAL_ENV", "POLAR_SESSION", "POLAR_SAMPLE"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
+def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, home: Path,
+                  instruction: str) -> tuple[list[str], dict[str, str], tuple]:
+    """(argv, env, mounts) of the agent in the sample's sandbox."""
+    from polar.rollout import sandbox as sb
+
+    boxed = ctx.sandbox != "none"
+    home_in = sb.HOME if boxed else str(home)
+    ca_pem, bundle = f"{home_in}/.polar/ca.pem", f"{home_in}/.polar/ca-bundle.pem"
+    env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"} if boxed else host_env()
+    env.update({"TERM": "dumb", "NO_COLOR": "1", "CI": "1", "POLAR_SAMPLE": str(job.k), "POLAR_SESSION": session,
+                "POLAR_RUN_ID": ctx.run_id, "POLAR_TASK": job.task.id, "POLAR_APP": sb.APP if boxed else str(app)})
+    if job.canary:
+        env["POLAR_PREFLIGHT"] = "1"
+    if ctx.model:
+        env["POLAR_MODEL"] = ctx.model
+    if boxed:
+        env["IS_SANDBOX"] = "1"  # Claude Code: --dangerously-skip-permissions is allowed in a sandbox
+    proxy = proxy_url(ctx.proxy_port, session)  # the sandbox points HTTPS_PROXY at its relay instead
+    mounts: list = []
+    if ctx.agent.kind == "python":
+        instr = home / ".polar" / "instruction.md"
+        instr.write_text(instruction, encoding="utf-8")
+        if boxed:
+            mounts.append(sb.Mount(Path(ctx.venv), IN_VENV, False))
+            # Only the agent-side modules, never the repository: pyagent and the SDK agent the demo uses.
+            for name in ("pyagent.py", "sdk_agent.py"):
+                mounts.append(sb.Mount(Path(__file__).with_name(name), f"{IN_LIB}/polar/rollout/{name}", False))
+            python = f"{IN_VENV}/bin/python"
+            env["PATH"] = f"{IN_VENV}/bin:{SANDBOX_PATH}"
+            env["PYTHONPATH"] = IN_LIB
+            if job.task.agent_dir is not None:
+                mounts.append(sb.Mount(Path(job.task.agent_dir), IN_AGENT_DIR, False))
+                env["POLAR_AGENT_DIR"] = IN_AGENT_DIR
+        else:
+            python = str(Path(ctx.venv) / "bin" / "python")
+            if job.task.agent_dir is not None:
+                env["POLAR_AGENT_DIR"] = str(job.task.agent_dir)
+        env.update({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1", "PYTHONNOUSERSITE": "1",
+                    "HTTPS_PROXY": proxy, "https_proxy": proxy, "SSL_CERT_FILE": bundle, "REQUESTS_CA_BUNDLE": bundle,
+                    "NODE_EXTRA_CA_CERTS": ca_pem, "CODEX_CA_CERTIFICATE": bundle})
+        env.pop("SSL_CERT_DIR", None)
+        argv = [python, "-m", "polar.rollout.pyagent", ctx.agent.target or "",
+                "--instruction-file", f"{home_in}/.polar/instruction.md"]
+        return argv, env, tuple(mounts)
+    binary_name = agentlib.BINARIES[ctx.agent.harness]
+    if boxed:
+        mounts.append(sb.Mount(Path(ctx.npm_dir), IN_NPM, False))
+        binary = f"{agentlib.npm_bin_dir(IN_NPM)}/{binary_name}"
+        env["POLAR_NPM_DIR"] = IN_NPM
+    else:
+        binary = agentlib.find_binary(binary_name, ctx.npm_dir) or binary_name
+    args = agentlib.cli_args(ctx.agent.harness, instruction, provider=ctx.agent.provider, model=ctx.model)
+    argv, env = agentlib.build(args, env, proxy, ca_pem, bundle, session)
+    return [binary, *argv], env, tuple(mounts)

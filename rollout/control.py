@@ -1,0 +1,96 @@
+"""A sample's private control directory on the host (bound read-only at /run/polar in a sandbox): OWNER_FILE (the
+pid and start time of the process that made it), the wrapper (relay.py), the agent's environment, the ready FIFO
+and, with a proxy, the relay's socket. The sweep of dead runs' directories is in rollout/sandbox.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from polar.rollout.relay import HostRelay, proxy_user
+
+CONTROL = "/run/polar"
+CONTROL_PREFIX = "polar-sbx-"
+OWNER_FILE = "owner.json"
+SANDBOX_VAR = "POLAR_SANDBOX_DIR"  # --sandbox none: the agent's control directory, in its environment
+_RELAY_SOURCE = Path(__file__).with_name("relay.py")
+
+
+def _control_base() -> str:
+    base = tempfile.gettempdir()
+    return "/tmp" if len(base) > 60 else base  # the relay's socket path must stay under the 107-byte limit
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks since boot): with the pid, it names one process (pids are reused)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return None if fields[0] == b"Z" else int(fields[19])  # a zombie is gone
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class ControlDir:
+    """The sample's private control directory on the host, bound read-only at /run/polar. Its OWNER_FILE names the
+    process that made it (pid and start time), so `sweep_stale_controls` can tell a dead run's directory. `env` is
+    the agent's environment as the wrapper sets it (a `none` sandbox's gets SANDBOX_VAR here)."""
+
+    def __init__(self, spec, owner: tuple[int, int] | None, env: dict[str, str]):
+        self.dir = Path(tempfile.mkdtemp(prefix=CONTROL_PREFIX, dir=_control_base()))
+        self.relay: HostRelay | None = None
+        self.ready_fd: int | None = None
+        try:
+            # first, written whole (rename): a directory without it is never swept (it may be a live one's, just made)
+            tmp = self.dir / f".{OWNER_FILE}.tmp"
+            tmp.write_text(json.dumps({"pid": os.getpid(), "start": _start_ticks(os.getpid()), "kind": spec.kind,
+                                       "session": spec.session, "created": time.time()}))
+            os.replace(tmp, self.dir / OWNER_FILE)
+            # mkdtemp made it 0700: it opens (0755) only once every file in it has its owner and mode
+            shutil.copyfile(_RELAY_SOURCE, self.dir / "relay.py")
+            os.chmod(self.dir / "relay.py", 0o644)
+            env = dict(env)
+            if spec.kind == "none":  # on the host, the sweep finds what a dead run's agent left by this variable
+                env[SANDBOX_VAR] = str(self.dir)
+            payload = {"env": env, "proxy_user": proxy_user(spec.session) if spec.session else None}
+            fd = os.open(self.dir / "env.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(payload, f)
+            # write-only even for its owner (the agent's uid; the mount is read-only, so no chmod): an agent that
+            # could read the FIFO could swallow the wrapper's line and pass its own failure off as the sandbox's
+            os.mkfifo(self.dir / "ready", 0o600)
+            if owner is not None:
+                for name in ("env.json", "ready"):
+                    os.chown(self.dir / name, *owner)
+            self.ready_fd = os.open(self.dir / "ready", os.O_RDONLY | os.O_NONBLOCK)  # before the chmod
+            os.chmod(self.dir / "ready", 0o200)
+            if spec.proxy_port is not None:
+                self.relay = HostRelay(str(self.dir / "proxy.sock"), spec.proxy_port, spec.session or "", owner=owner)
+            os.chmod(self.dir, 0o755)
+        except BaseException:
+            self.close()
+            raise
+
+    def inside(self, name: str, kind: str) -> str:
+        return str(self.dir / name) if kind == "none" else f"{CONTROL}/{name}"
+
+    def ready(self) -> str:
+        if self.ready_fd is None:
+            return ""
+        try:
+            return os.read(self.ready_fd, 4096).decode(errors="replace")
+        except BlockingIOError:
+            return ""
+
+    def close(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
+        if self.ready_fd is not None:
+            os.close(self.ready_fd)
+            self.ready_fd = None
+        shutil.rmtree(self.dir, ignore_errors=True)

@@ -1,0 +1,51 @@
+"""polar-process over the run's flows, this run's task sessions only (one --session-prefix per task: the preflight's
+sessions are left out), into RUN/out; its command and output in RUN/process.log; what polar-train reads back."""
+
+from __future__ import annotations
+
+import contextlib
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from polar.rollout.common import read_json
+
+
+def _report(out: Path) -> dict | None:
+    """The counts polar-train and the summary read from RUN/out/report.json."""
+    with contextlib.suppress(OSError, ValueError):
+        report = read_json(out / "report.json")
+        return {"sequences": report["counts"]["sequences"], "calls": report["counts"]["calls"],
+                "sessions": report["counts"]["sessions"],
+                "sessions_other_prefix": report["counts"].get("sessions_other_prefix"),
+                "trainable_tokens": report["tokens"]["trainable"], "merge_ratio": report["merge_ratio"],
+                "batches": report["outputs"]["batches"], "sft_lines": report["outputs"]["sft_lines"],
+                "rewards": report["rewards"]}
+    return None
+
+
+def run_processor(run_dir: Path, flows: str, run_id: str, task_ids: list[str], sft_min_reward: float | None,
+                  process_opt: list[str]) -> dict:
+    """polar-process, run to its end: {exit, seconds, out, command[, report]}."""
+    out = run_dir / "out"
+    cmd = [sys.executable, "-m", "polar.processor.cli", flows, "-o", str(out), "--overwrite", "--rewards",
+           str(run_dir / "rewards.jsonl"), "--no-progress"]
+    for tid in task_ids:
+        cmd += ["--session-prefix", f"{run_id}/{tid}/"]
+    if sft_min_reward is not None:
+        cmd += ["--sft-min-reward", repr(sft_min_reward)]
+    cmd += list(process_opt)  # e.g. --process-opt=--engine=ray: the processor's engine is its own choice
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+    (run_dir / "process.log").write_text(f"$ {shlex.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
+    for line in proc.stderr.splitlines():
+        if line.strip():
+            print(line, file=sys.stderr)
+    doc = {"exit": proc.returncode, "seconds": round(time.monotonic() - t0, 2), "out": str(out), "command": cmd}
+    if proc.returncode == 0:
+        report = _report(out)
+        if report is not None:
+            doc["report"] = report
+    return doc

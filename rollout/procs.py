@@ -1,0 +1,70 @@
+"""Process control for a run: whether a proxy pid is ours and alive, stopping a process group, ending every sample's
+sandbox at once (Ctrl-C), removing a dead attempt's containers, closing a dead writer's flow files."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+from pathlib import Path
+from typing import Iterable
+
+from polar import records as rec
+from polar.launch import process
+
+is_alive = process.alive  # a zombie is not alive
+
+
+def is_our_proxy(pid: int | None) -> bool:
+    return process.is_ours(pid, process.PROXY_MARKER)
+
+
+def stop_process_group(pid: int, grace: float = 5.0) -> None:
+    """SIGTERM the process group led by `pid` (a proxy: it closes and renames its flow files), SIGKILL after `grace`."""
+    process.kill_group(pid, grace)
+
+
+def kill_children(spare: Iterable[int] = ()) -> None:
+    """SIGKILL the process group of every child of this process but `spare`: each sandbox is a session of its own
+    (the sandbox module starts them with start_new_session), so this ends every running sample at once. The
+    runner's own proxy is a child too, spared: it must close its flow files on a clean stop."""
+    me, spare = os.getpid(), set(spare)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == me and int(entry) not in spare:
+            pid = int(entry)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    os.kill(pid, signal.SIGKILL)
+
+
+def remove_containers(run_id: str) -> int:
+    """docker rm -f every container labelled polar-run=<run-id> (a dead attempt's); how many there were."""
+    exe = shutil.which("docker")
+    if not exe:
+        return 0
+    try:
+        p = subprocess.run([exe, "ps", "-aq", "--filter", f"label=polar-run={run_id}"], capture_output=True,
+                           text=True, timeout=30, stdin=subprocess.DEVNULL)
+        ids = p.stdout.split() if p.returncode == 0 else []
+        if ids:
+            subprocess.run([exe, "rm", "-f", *ids], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
+        return len(ids)
+    except (OSError, subprocess.TimeoutExpired):
+        return 0
+
+
+def close_dead_writers(flows: Path) -> list[str]:
+    """Close the `.open` files of writers that are gone (this host, pid not a live proxy): cut back to their last
+    whole record and renamed to `.msgpack` (`polar.records.close_dead_writers`). Returns their names."""
+    return rec.close_dead_writers(str(flows), alive=is_our_proxy)

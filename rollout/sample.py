@@ -1,0 +1,197 @@
+"""One attempt of one sample, start to end: a fresh copy of the start state, the agent in its sandbox, the counts of
+its calls once the proxy has recorded them, final.diff, the verifier, teardown — and its result row (the status
+table in rollout/ledger.py). `run_sample` never raises: whatever happens becomes the row."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from polar.rollout import flowwatch
+from polar.rollout.agentcmd import agent_command
+from polar.rollout.common import CANCEL, Cancelled, group_of, now, write_json
+from polar.rollout.job import SampleContext, SampleJob, job_paths
+from polar.rollout.ledger import ResultRow
+from polar.rollout.proxyctl import probe_ready
+from polar.rollout.treediff import tree_diff
+from polar.rollout.verify import run_verifier
+
+DEFAULT_AGENT_TIMEOUT = 600.0
+CANARY_TIMEOUT = 180.0
+CANARY_INSTRUCTION = ("This is a connectivity check before a rollout. Do not use any tool; reply with the single "
+                      "word: ok")
+
+
+def _copy_tree(src: Path | None, dst: Path) -> None:
+    if src is not None and src.is_dir():
+        shutil.copytree(src, dst, symlinks=True)
+    else:
+        dst.mkdir(parents=True)
+
+
+def _fresh_dirs(ctx: SampleContext, job: SampleJob, work: Path) -> tuple[Path, Path]:
+    """(app, home) of a new attempt: a fresh copy of the start state, and a HOME holding the proxy's CA files."""
+    if work.exists():
+        shutil.rmtree(work, ignore_errors=True)
+    app, home = work / "app", work / "home"
+    _copy_tree(None if job.canary else job.task.workdir, app)
+    (home / ".polar").mkdir(parents=True)
+    shutil.copyfile(ctx.ca_pem, home / ".polar" / "ca.pem")
+    shutil.copyfile(ctx.ca_bundle, home / ".polar" / "ca-bundle.pem")
+    return app, home
+
+
+def _agent_timeout(ctx: SampleContext, job: SampleJob) -> float:
+    if job.canary:
+        return min(CANARY_TIMEOUT, ctx.agent_timeout or CANARY_TIMEOUT)
+    return ctx.agent_timeout or job.task.agent_timeout_sec or DEFAULT_AGENT_TIMEOUT
+
+
+class _Attempt:
+    """The draft of one attempt's row (a dict until it ends), its sample.json detail and its phase clock."""
+
+    def __init__(self, ctx: SampleContext, job: SampleJob):
+        self.ctx, self.job = ctx, job
+        self.session, self.sample_dir, self.work = job_paths(ctx, job)
+        self.result: dict[str, Any] = {
+            **ResultRow(run_id=ctx.run_id, session=self.session, group=group_of(ctx.run_id, job.task.id),
+                        task=job.task.id, k=job.k, attempt=job.attempt, agent=ctx.agent.text,
+                        sandbox=ctx.sandbox, t_start=now()).to_json()}
+        self.detail: dict[str, Any] = {"paths": {"sample": str(self.sample_dir), "work": str(self.work)}}
+        self.counter = flowwatch.flow_counter(ctx.flows)
+        self._phase_t = time.monotonic()
+
+    def lap(self, name: str) -> None:
+        t = time.monotonic()
+        timings = self.result["timings"]
+        timings[name] = round(timings[name] + t - self._phase_t, 3)
+        self._phase_t = t
+
+    def fail(self, status: str, error: str) -> None:
+        self.result.update(status=status, reward=None, error=error)
+
+    def run(self) -> None:
+        """Setup, the agent, its counts, final.diff, then the verifier when the status asks for one."""
+        from polar.rollout import sandbox as sb
+
+        ctx, job, result = self.ctx, self.job, self.result
+        self.sample_dir.mkdir(parents=True, exist_ok=True)
+        _check_cancel()
+        app, home = _fresh_dirs(ctx, job, self.work)
+        argv, env, mounts = agent_command(ctx, job, self.session, app, home,
+                                          CANARY_INSTRUCTION if job.canary else job.task.instruction)
+        timeout = _agent_timeout(ctx, job)
+        spec = sb.SandboxSpec(kind=ctx.sandbox, app=app, home=home, mounts=mounts, env=env,
+                              proxy_port=ctx.proxy_port, session=self.session, memory_mb=job.task.memory_mb,
+                              cpus=job.task.cpus, image=ctx.image, label=ctx.run_id)
+        self.detail["agent"] = {"argv": argv, "env": _shown_env(env),
+                                "mounts": [[str(m.host), m.inside, m.writable] for m in mounts], "timeout_s": timeout}
+        self.lap("setup")
+        _check_cancel()
+        try:
+            res = sb.run_sandboxed(spec, argv, stdout=self.sample_dir / "agent.stdout",
+                                   stderr=self.sample_dir / "agent.stderr", timeout=timeout)
+        finally:
+            self.lap("agent")
+        _check_cancel()
+        self.detail["agent"].update(exit_code=res.exit_code, timed_out=res.timed_out, wall_s=round(res.wall_s, 3),
+                                    memory_limit=res.memory_limit, proxy_connections=res.proxy_connections)
+        result["agent_exit"] = res.exit_code
+        counts = self._settled_counts(res.proxy_connections)
+        self.lap("agent")  # the wait for the records of the calls it was in belongs to the agent's time
+        result["calls"], result["trainable_tokens"] = counts.calls, counts.tokens
+        self.detail["calls_with_token_ids"] = counts.with_ids
+        if not job.canary:
+            (self.sample_dir / "final.diff").write_text(tree_diff(job.task.workdir, app), encoding="utf-8")
+        _agent_status(ctx, result, res, counts.calls, counts.with_ids, timeout)
+        if result["status"] in ("completed", "agent_error") and not job.canary:
+            run_verifier(ctx, job, result, self.detail, self.sample_dir, self.work, app, self.lap)
+
+    def _settled_counts(self, connections: int) -> flowwatch.Counts:
+        """The session's counts once the proxy has written every call's record (a call the agent was still in
+        when it was killed ends as a client_abort record shortly after): never raced. An agent whose every
+        connection failed its TLS handshake (the proxy counts them per session) has no call to wait for."""
+        got = self.counter.counts(self.session)
+        if got.with_ids == 0 and got.calls == 0 and connections:
+            info = probe_ready(self.ctx.proxy_port, timeout=2.0) or {}
+            if (info.get("tls_failures") or {}).get(self.session):
+                return got
+        return flowwatch.settled_counts(self.counter, self.session, connections=connections, stop=CANCEL.is_set)
+
+    def cancelled(self) -> None:
+        self.fail("cancelled", "cancelled (Ctrl-C or SIGTERM)")
+        with contextlib.suppress(Exception):  # what the attempt did before it was cut (its records stay)
+            counts = self.counter.counts(self.session)
+            self.result["calls"], self.result["trainable_tokens"] = counts.calls, counts.tokens
+
+    def end(self) -> ResultRow:
+        if CANCEL.is_set() and self.result["status"] in (None, "infra_error"):  # a sandbox killed by the cancel
+            self.fail("cancelled", "cancelled (Ctrl-C or SIGTERM)")
+        shutil.rmtree(self.work, ignore_errors=True)
+        self.lap("teardown")
+        self.result["t_end"] = now()
+        with contextlib.suppress(OSError):
+            write_json(self.sample_dir / "sample.json", {**self.result, **self.detail})
+        return ResultRow.from_json(self.result)
+
+
+def _check_cancel() -> None:
+    if CANCEL.is_set():
+        raise Cancelled()
+
+
+def run_sample(ctx: SampleContext, job: SampleJob) -> ResultRow:
+    """One attempt of one sample, start to end: setup, agent, verifier, teardown. Never raises: the result row."""
+    from polar.rollout import sandbox as sb
+
+    attempt = _Attempt(ctx, job)
+    try:
+        attempt.run()
+    except Cancelled:
+        attempt.cancelled()
+    except sb.SandboxError as exc:
+        attempt.fail("infra_error", f"sandbox: {exc}")
+    except Exception as exc:  # noqa: BLE001 — a runner bug must not take the run down: infra, with the traceback
+        attempt.fail("infra_error", f"runner: {type(exc).__name__}: {exc}")
+        attempt.detail["traceback"] = traceback.format_exc()
+    return attempt.end()
+
+
+def _agent_status(ctx: SampleContext, result: dict, res, calls: int, with_ids: int, agent_timeout: float) -> None:
+    """The status the agent's run gives (the table in rollout/ledger.py), before any verifier."""
+    if with_ids == 0:
+        why = ("timed out" if res.timed_out else f"exited with code {res.exit_code}")
+        result["status"] = "infra_error"
+        result["error"] = (f"no call with token ids: the agent {why} after {calls} call(s), none with token ids"
+                           f"{_proxy_hint(ctx)}")
+    elif res.timed_out:
+        result["status"], result["reward"] = "agent_timeout", 0.0
+        result["error"] = f"the agent did not finish within {agent_timeout:g} s"
+    else:
+        result["status"] = "completed" if res.exit_code == 0 else "agent_error"
+        if res.exit_code != 0:
+            result["error"] = f"the agent exited with code {res.exit_code}"
+
+
+def _shown_env(env: dict[str, str]) -> dict[str, str]:
+    return {k: ("<dummy key>" if k.endswith("_API_KEY") else v) for k, v in sorted(env.items())}
+
+
+def _proxy_hint(ctx: SampleContext) -> str:
+    info = probe_ready(ctx.proxy_port, timeout=2.0)
+    if info is None:
+        return f"; the proxy on port {ctx.proxy_port} does not answer its readiness probe"
+    return ""
+
+
+def failed_row(ctx: SampleContext, job: SampleJob, error: str, status: str = "infra_error") -> ResultRow:
+    """The row of an attempt that never ran (its Ray task died, or it was cancelled before it reported)."""
+    session, _, _ = job_paths(ctx, job)
+    t = now()
+    return ResultRow(run_id=ctx.run_id, session=session, group=group_of(ctx.run_id, job.task.id), task=job.task.id,
+                     k=job.k, attempt=job.attempt, agent=ctx.agent.text, sandbox=ctx.sandbox, status=status,
+                     t_start=t, t_end=t, error=error)

@@ -1,0 +1,101 @@
+"""The end of a run: RUN/summary.json (statuses, rewards per task and whether their group has a spread, what
+processing made, whether the rewards are isolation-safe), its lines on stdout, and the exit code."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from polar.rollout.common import write_json
+from polar.rollout.ledger import REWARDED, STATUSES, latest_by_sample
+
+NONE_WARNING = ("--sandbox none: the rewards are not isolation-safe (the agent ran on the host: it could read the "
+                "tests and the solution and write anywhere)")
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What the summary names the run by."""
+
+    run_dir: Path
+    run_id: str
+    task_ids: list[str]
+    samples: int
+    agent: str
+    sandbox: str
+    no_process: bool
+
+
+def exit_code(cancelled: bool, processed: dict | None, rewarded: int) -> int:
+    """130 cancelled; 1 processing failed, or no sample has a reward; else 0."""
+    if cancelled:
+        return 130
+    if processed is not None and processed.get("exit") != 0:
+        return 1
+    return 0 if rewarded else 1
+
+
+def summary_doc(shape: RunShape, lines: list[dict], processed: dict | None, cancelled: bool) -> dict:
+    latest = latest_by_sample(lines)
+    statuses: dict[str, int] = {}
+    for ln in latest.values():
+        statuses[ln["status"]] = statuses.get(ln["status"], 0) + 1
+    rewarded = [ln for ln in latest.values() if ln["status"] in REWARDED and ln.get("reward") is not None]
+    per_task = {}
+    for tid in shape.task_ids:
+        rs = [ln["reward"] for ln in rewarded if ln["task"] == tid]
+        per_task[tid] = {"rewarded": len(rs), "mean_reward": sum(rs) / len(rs) if rs else None,
+                         "spread": len(set(rs)) > 1}
+    mean = sum(ln["reward"] for ln in rewarded) / len(rewarded) if rewarded else None
+    doc = {"run_id": shape.run_id, "samples": len(shape.task_ids) * shape.samples, "finished": len(latest),
+           "attempts": len(lines), "statuses": statuses, "rewarded": len(rewarded), "mean_reward": mean,
+           "per_task": per_task, "sandbox": shape.sandbox, "isolation_safe": shape.sandbox != "none",
+           "processed": processed, "exit_code": exit_code(cancelled, processed, len(rewarded)),
+           "cancelled": cancelled}
+    if shape.sandbox == "none":
+        doc["warning"] = NONE_WARNING
+    return doc
+
+
+def _processed_line(shape: RunShape, processed: dict | None) -> str:
+    if processed is None:
+        return "  processed skipped" + (" (--no-process)" if shape.no_process else "")
+    if processed.get("exit") != 0:
+        return f"  processed FAILED (polar-process exit {processed['exit']}; {shape.run_dir / 'process.log'})"
+    if processed.get("report"):
+        r = processed["report"]
+        return (f"  processed {r['sequences']} sequence(s) from {r['calls']} call(s) of {r['sessions']} "
+                f"session(s), {r['trainable_tokens']} trainable tokens, merge ratio "
+                f"{r['merge_ratio'] or 0:.2f}, {r['batches']} batch file(s) → {processed['out']}")
+    return ""
+
+
+def summary_lines(shape: RunShape, doc: dict) -> list[str]:
+    statuses, per_task, mean = doc["statuses"], doc["per_task"], doc["mean_reward"]
+    out = [f"polar-rollout: run {doc['run_id']} — {len(shape.task_ids)} task(s) × K={shape.samples}, agent "
+           f"{shape.agent}, sandbox {shape.sandbox}",
+           f"  samples   {doc['finished']}/{doc['samples']} with a status, {doc['attempts']} attempt(s): "
+           + ", ".join(f"{s} {statuses[s]}" for s in STATUSES if s in statuses),
+           f"  rewards   {doc['rewarded']} rewarded, mean {mean:.3f}" if mean is not None else "  rewards   none"]
+    groups = sum(1 for v in per_task.values() if v["spread"])
+    out.append(f"  groups    {len(per_task)} ({groups} with a reward spread, i.e. non-zero advantages)")
+    for tid, v in list(per_task.items())[:20]:
+        m = f"{v['mean_reward']:.3f}" if v["mean_reward"] is not None else "-"
+        out.append(f"    {tid:<32} rewarded {v['rewarded']}/{shape.samples}  mean {m}")
+    if len(per_task) > 20:
+        out.append(f"    … {len(per_task) - 20} more in {shape.run_dir / 'summary.json'}")
+    processed = _processed_line(shape, doc["processed"])
+    if processed:
+        out.append(processed)
+    out.append(f"  files     {shape.run_dir / 'results.jsonl'}, {shape.run_dir / 'rewards.jsonl'}")
+    if "warning" in doc:
+        out.append(f"  WARNING   {doc['warning']}")
+    return out
+
+
+def summarize(shape: RunShape, lines: list[dict], processed: dict | None, cancelled: bool) -> int:
+    """summary.json written, its lines printed; the run's exit code."""
+    doc = summary_doc(shape, lines, processed, cancelled)
+    write_json(shape.run_dir / "summary.json", doc)
+    print("\n".join(summary_lines(shape, doc)))
+    return doc["exit_code"]

@@ -1,0 +1,118 @@
+"""The verifier: the task's tests/test.sh in a sandbox of its own, on a fresh copy of the agent's final /app, and the
+reward file rule (reward.json's `reward`, else its only key, else reward.txt's one float)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from polar.rollout.agentcmd import IN_TESTS, IN_VERIFIER, SANDBOX_PATH, host_env
+from polar.rollout.common import CANCEL, Cancelled, tail
+from polar.rollout.job import SampleContext, SampleJob
+
+DEFAULT_VERIFY_TIMEOUT = 600.0
+
+
+def read_reward(verifier_dir: Path) -> tuple[float | None, Any, str | None]:
+    """(reward, reward_details, error): reward.json's `reward` (else its only key), else reward.txt's one float."""
+    j, t = verifier_dir / "reward.json", verifier_dir / "reward.txt"
+    if j.is_file():
+        try:
+            doc = json.loads(j.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return None, None, f"reward.json is not JSON ({exc})"
+        value: Any = doc
+        if isinstance(doc, dict):
+            if "reward" in doc:
+                value = doc["reward"]
+            elif len(doc) == 1:
+                value = next(iter(doc.values()))
+            else:
+                return None, doc, f"reward.json has no `reward` key and {len(doc)} keys (expected one)"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return None, doc if isinstance(doc, dict) else None, f"reward.json's reward {value!r} is not a finite number"
+        return float(value), doc if isinstance(doc, dict) else None, None
+    if t.is_file():
+        try:
+            text = t.read_text(encoding="utf-8").strip()
+            value = float(text)
+        except (OSError, ValueError):
+            return None, None, f"reward.txt holds {t.read_text(errors='replace').strip()[:80]!r}, not one number"
+        if not math.isfinite(value):
+            return None, None, f"reward.txt's reward {text!r} is not finite"
+        return value, None, None
+    return None, None, "the verifier wrote no reward.json or reward.txt in /logs/verifier"
+
+
+def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict, sample_dir: Path, work: Path, app: Path,
+            lap: Callable[[str], None]) -> None:
+    """The verifier on a fresh copy of the final /app; sets status/reward/reward_details (the status table)."""
+    from polar.rollout import sandbox as sb
+
+    boxed = ctx.sandbox != "none"
+    vapp, vhome = work / "verify-app", work / "verify-home"
+    shutil.copytree(app, vapp, symlinks=True)
+    vhome.mkdir()
+    vdir = sample_dir / "verifier"
+    if vdir.exists():
+        shutil.rmtree(vdir)
+    vdir.mkdir()
+    if boxed and os.geteuid() == 0:
+        os.chown(vdir, sb.UID, sb.GID)  # /logs/verifier is written by uid 1000 inside
+    elif boxed:
+        os.chmod(vdir, 0o777)
+    tests = Path(job.task.tests_dir)
+    if boxed:
+        env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "POLAR_APP": sb.APP,
+               "POLAR_TESTS": IN_TESTS, "POLAR_LOGS": IN_VERIFIER}
+        mounts = (sb.Mount(tests, IN_TESTS, False), sb.Mount(vdir, IN_VERIFIER, True))
+        argv = ["bash", f"{IN_TESTS}/test.sh"]
+    else:  # no mount namespace: the verifier finds its directories in these variables
+        env = host_env()
+        env.update({"POLAR_APP": str(vapp), "POLAR_TESTS": str(tests), "POLAR_LOGS": str(vdir),
+                    "PATH": os.pathsep.join([str(Path(ctx.venv) / "bin"), env.get("PATH", SANDBOX_PATH)])})
+        mounts = ()
+        argv = ["bash", str(tests / "test.sh")]
+    env.update({"POLAR_SAMPLE": str(job.k), "POLAR_TASK": job.task.id})
+    timeout = ctx.verify_timeout or job.task.verifier_timeout_sec or DEFAULT_VERIFY_TIMEOUT
+    spec = sb.SandboxSpec(kind=ctx.sandbox, app=vapp, home=vhome, mounts=mounts, env=env, proxy_port=None,
+                          session=None, memory_mb=job.task.memory_mb, cpus=job.task.cpus, image=ctx.image,
+                          label=ctx.run_id)
+    lap("setup")
+    log = sample_dir / "verifier.log"
+    try:
+        res = sb.run_sandboxed(spec, argv, stdout=log, stderr=sample_dir / ".verifier.stderr", timeout=timeout)
+    finally:
+        lap("verify")
+        _join_logs(log, sample_dir / ".verifier.stderr")
+    if CANCEL.is_set():
+        raise Cancelled()
+    detail["verifier"] = {"argv": argv, "exit_code": res.exit_code, "timed_out": res.timed_out,
+                          "wall_s": round(res.wall_s, 3), "timeout_s": timeout, "memory_limit": res.memory_limit}
+    if res.timed_out:
+        result["status"], result["reward"] = "verifier_timeout", 0.0
+        result["error"] = f"the verifier did not finish within {timeout:g} s"
+        return
+    reward, details, error = read_reward(vdir)
+    result["reward_details"] = details
+    if error is not None:
+        result["status"], result["reward"] = "verifier_error", None
+        result["error"] = f"{error} (verifier exit {res.exit_code}; verifier.log: {tail(log, 300)!r})"
+        return
+    result["reward"] = reward
+
+
+def _join_logs(log: Path, err: Path) -> None:
+    """verifier.log: the verifier's stdout then its stderr (the sandbox writes them to two files)."""
+    with contextlib.suppress(OSError):
+        if err.is_file():
+            data = err.read_bytes()
+            if data:
+                with open(log, "ab") as fh:
+                    fh.write(b"\n--- stderr\n" + data)
+            err.unlink()
