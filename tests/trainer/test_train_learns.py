@@ -2,7 +2,8 @@
 generated digit-share family (examples/tasks/families: 32 training prompts, 2 drawn per step, K=4), the mean reward
 of the last 3 of 12 steps is above the first 3 by at least 0.15 (0–1 reward); a 6-step control at --lr 0 does not
 rise. Only the reward is asserted (every seed measured before fixing the threshold: docs/training.md, "Measured").
-The python `answer` agent (one free-text turn), no sandbox, the shared float32 dev-mode server."""
+The python `answer` agent (one free-text turn), no sandbox, the shared float32 dev-mode server.
+Kept out of CI for its time (POLAR_TEST_LEARNING=1 runs it)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,11 @@ import pytest
 from tests.trainer.conftest import ANSWER_AGENT, ROOT
 from tests.trainer.test_train import TINY, _restore, _train
 
-pytestmark = pytest.mark.vllm
+# About 18 steps of ~18 s on 2 cores (5.5 min): beyond CI's time budget until a step's rollout stage is cheaper, so it
+# runs on request; the seeds measured with it are in docs/training.md.
+LEARNING = os.environ.get("POLAR_TEST_LEARNING") == "1"
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not LEARNING, reason="runs with POLAR_TEST_LEARNING=1 (5.5 min of steps)")]
 
 FAMILY = ROOT / "examples" / "tasks" / "families" / "digit-share"
 RISE = 0.15
