@@ -2,8 +2,7 @@
 session as proxy user name, CA trust, a dummy key in the variable it really sends, quiet non-interactive settings).
 
 One copy, two users: `scripts/run-agent` (a person at a shell) and `polar-rollout` (K samples in sandboxes). The
-standard library and `polar.records` (session ids are its `uuid7`) only; the CA bundle the CLIs trust is
-`polar.launch.ca`'s.
+standard library only; session ids are `polar.records.uuid7`, the CA bundle the CLIs trust is `polar.launch.ca`'s.
 """
 
 from __future__ import annotations
@@ -12,8 +11,6 @@ import argparse
 import os
 import shutil
 from urllib.parse import quote, urlsplit, urlunsplit
-
-from polar.records import uuid7  # noqa: F401 — session ids: the project's one UUIDv7
 
 HARNESSES = ("claude-code", "codex", "gemini-cli", "qwen-code", "pi")
 BINARIES = {"claude-code": "claude", "codex": "codex", "gemini-cli": "gemini", "qwen-code": "qwen", "pi": "pi"}
