@@ -194,8 +194,9 @@ def model_for(version: str | None, models: dict[str, str]) -> str | None:
 
 # ---------------------------------------------------------------------------------------------------- recompute
 
-def recompute(parts: list[Part], arrays: dict, models: dict[str, str], dtype: str) -> None:
-    """Fill each part's gaps: one model load per DIR, per-sequence padded micro-batches under no_grad."""
+def recompute(parts: list[Part], arrays: dict, models: dict[str, str], dtype: str, loaded: dict | None = None) -> None:
+    """Fill each part's gaps: one model load per DIR (`loaded` maps a DIR to a model already in memory — polar-train
+    passes its own, so the check costs no second load), per-sequence padded micro-batches under no_grad."""
     import torch
     from polar.trainer.loader import MicroBatches, Selection, SequenceTokens
     from polar.trainer.recompute import load_model, token_logprobs
@@ -205,7 +206,9 @@ def recompute(parts: list[Part], arrays: dict, models: dict[str, str], dtype: st
         if p.check.any():
             by_dir.setdefault(model_for(p.version, models), []).append(p)
     for model_dir, todo in by_dir.items():
-        model = load_model(model_dir, dtype)
+        model = (loaded or {}).get(model_dir)
+        if model is None:
+            model = load_model(model_dir, dtype)
         seqs = [SequenceTokens(str(k), arrays[p.sequence_id][0], p.check.astype(np.float32),
                                arrays[p.sequence_id][1]) for k, p in enumerate(todo)]
         with torch.no_grad():
@@ -333,8 +336,9 @@ def summary_line(s: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------------- main
 
-def run(args) -> int:
-    """Check, recompute, write; the exit code."""
+def run(args, loaded: dict | None = None, say=print) -> int:
+    """Check, recompute, write; the exit code. `loaded`: {DIR: model in memory} (see recompute); `say` gets the
+    summary line."""
     from polar.processor.report import file_sha256
     from polar.trainer.loader import read_calls, row_arrays
 
@@ -356,11 +360,11 @@ def run(args) -> int:
         lacking = sorted({str(p.version) for p in parts if "no_model" in p.flags})
         raise BadInput("no token to check" + (f": no --model for weight version(s) {', '.join(lacking)} (pass "
                                               "--model VERSION=DIR)" if lacking else f" in {path}"))
-    recompute(parts, arrays, models, args.dtype)
+    recompute(parts, arrays, models, args.dtype, loaded)
     summary = summarize(parts, args, models, digest, total)
     for note in write_outputs(args.out, verify_frame(parts, args.tolerance, digest), summary):
         print(f"polar-verify: note: {note}", file=sys.stderr)
-    print(summary_line(summary))
+    say(summary_line(summary))
     return summary["exit"]
 
 
