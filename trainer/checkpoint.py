@@ -24,8 +24,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json", "preprocessor_config.json")
 
 
-def save_checkpoint(model, out_dir: str, source_dir: str) -> str:
-    """Save `model` as a complete HF directory at `out_dir` (replacing one there); returns `out_dir`."""
+def save_checkpoint(model, out_dir: str, source_dir: str, extra=None) -> str:
+    """Save `model` as a complete HF directory at `out_dir` (replacing one there); returns `out_dir`. `extra(tmp)`
+    writes more files into the directory before it appears (polar-train: the trainer's state, polar.trainer.state),
+    so they appear with the weights or not at all."""
     out_dir = os.path.abspath(out_dir)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
@@ -39,6 +41,8 @@ def save_checkpoint(model, out_dir: str, source_dir: str) -> str:
         src = os.path.join(source_dir, name)
         if os.path.isfile(src):
             shutil.copyfile(src, os.path.join(tmp, name))
+    if extra is not None:
+        extra(tmp)
     problems = checkpoint_problems(tmp)
     if problems:
         shutil.rmtree(tmp, ignore_errors=True)

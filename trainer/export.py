@@ -62,7 +62,6 @@ verl (a `DataProto` row before padding; `non_tensor_batch["uid"]` is the GRPO gr
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -73,6 +72,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import orjson
 import polars as pl
+
+from polar.trainer.args import OneLineParser
 
 FORMATS = ("verl", "slime", "prime-rl")
 ROWS_PER_FILE = 512  # rows are whole agent sequences (thousands of tokens each): a few hundred make a sensible file
@@ -372,13 +373,9 @@ def _write(files: list[str], fmt: str, tmp: str, rows_per_file: int, temperature
 
 # ---------------------------------------------------------------------------------------------------- CLI
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not argparse's usage block
-        raise ExportError(f"{message} (see polar-export --help)")
-
-
 def main(argv: list[str] | None = None) -> int:
-    p = _Parser(prog="polar-export", description="Write a polar-process OUT's batches in a trainer's row format.")
+    p = OneLineParser(prog="polar-export", raises=ExportError,
+                      description="Write a polar-process OUT's batches in a trainer's row format.")
     p.add_argument("out", metavar="OUT", help="a polar-process output directory (holds batches/)")
     p.add_argument("--format", required=True, help=f"one of {', '.join(FORMATS)}")
     p.add_argument("-o", dest="directory", required=True, metavar="DIR", help="a new or empty directory")
