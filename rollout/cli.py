@@ -1,5 +1,6 @@
 """`polar-rollout TASKS... --agent AGENT --out RUN [options]`. Exit codes: 0 every sample has a final status and at
-least one a reward; 1 none has a reward (or processing failed); 2 bad input or a preflight refused; 130 cancelled."""
+least one a reward; 1 none has a reward (or processing failed); 2 bad input or a preflight refused; 130 cancelled.
+`polar-rollout serve DIR ...` is the long-lived rollout stage (rollout/serve.py)."""
 
 from __future__ import annotations
 
@@ -89,11 +90,11 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
-    from polar.rollout import runner
+def options(args: argparse.Namespace):
+    """The run's Options from polar-rollout's parsed command line."""
+    from polar.rollout.options import Options
 
-    opts = runner.Options(
+    return Options(
         tasks=list(args.tasks), agent=args.agent, out=args.out, samples=args.samples, parallel=args.parallel or 0,
         sandbox=args.sandbox, image=args.image, model=args.model, agent_timeout=args.agent_timeout,
         verify_timeout=args.verify_timeout, proxy_set=list(args.proxy_set), upstream=args.upstream,
@@ -101,8 +102,19 @@ def main(argv: list[str] | None = None) -> int:
         no_process=args.no_process, process_opt=list(args.process_opt), sft_min_reward=args.sft_min_reward,
         skip_preflight=args.skip_preflight, engine=args.engine, ray_address=args.ray_address,
         progress=args.progress, confdir=args.confdir, npm_dir=args.npm_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # a task folder named serve is passed as ./serve
+        from polar.rollout import serve
+
+        return serve.main(argv[1:])
+    args = parser().parse_args(argv)
+    from polar.rollout import runner
+
     try:
-        return runner.main(opts)
+        return runner.main(options(args))
     except KeyboardInterrupt:
         print("polar-rollout: cancelled", file=sys.stderr)
         return 130

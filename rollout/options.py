@@ -80,13 +80,18 @@ def check_options(o: Options) -> AgentSpec:
     if o.proxy_set and o.proxy_json:
         raise UsageError("--proxy-set applies to the proxy the runner starts (--upstream), not to a "
                          "--proxy-json proxy")
-    for item in o.proxy_set:
+    check_proxy_sets(o.proxy_set, o.sandbox)
+    return agent
+
+
+def check_proxy_sets(sets: list[str], sandbox: str) -> None:
+    """--proxy-set NAME=VALUE items for the proxy the runner (or the serve) starts."""
+    for item in sets:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise UsageError(f"--proxy-set {item!r}: expected NAME=VALUE")
-        if name.strip() == "polar_other_hosts" and o.sandbox != "none" and value.strip() != "refuse":
+        if name.strip() == "polar_other_hosts" and sandbox != "none" and value.strip() != "refuse":
             raise UsageError(f"--proxy-set {item}: sandboxed runs need polar_other_hosts=refuse (their one path "
                              f"out is the proxy, which must serve provider hosts only)")
         if name.strip() == "polar_flows":
             raise UsageError("--proxy-set polar_flows: the runner's proxy writes to RUN/flows")
-    return agent

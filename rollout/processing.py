@@ -26,11 +26,13 @@ def _report(out: Path) -> dict | None:
     return None
 
 
-def run_processor(run_dir: Path, flows: str, run_id: str, task_ids: list[str], sft_min_reward: float | None,
+def run_processor(run_dir: Path, flows: str | list[str], run_id: str, task_ids: list[str], sft_min_reward: float | None,
                   process_opt: list[str]) -> dict:
-    """polar-process, run to its end: {exit, seconds, out, command[, report]}."""
+    """polar-process over `flows` (a flow directory, or flow files), run to its end: {exit, seconds, out,
+    command[, report]}."""
     out = run_dir / "out"
-    cmd = [sys.executable, "-m", "polar.processor.cli", flows, "-o", str(out), "--overwrite", "--rewards",
+    inputs = [flows] if isinstance(flows, str) else list(flows)
+    cmd = [sys.executable, "-m", "polar.processor.cli", *inputs, "-o", str(out), "--overwrite", "--rewards",
            str(run_dir / "rewards.jsonl"), "--no-progress"]
     for tid in task_ids:
         cmd += ["--session-prefix", f"{run_id}/{tid}/"]

@@ -25,6 +25,9 @@ rewards, processing and the summary. Each step lives in a module of its own:
     progress.py   the bar / lines on stderr              processing.py  polar-process
     summary.py    summary.json and the exit code         procs.py       process control
     common.py     identities, UsageError, CANCEL, JSON files
+    serve.py      `polar-rollout serve`: this Runner on request, one proxy and preflight for many runs
+    serve_protocol.py  its files (requests, responses, ready.json), standard library only
+    runflows.py   a served run's RUN/flows: links to the serve's flow files
 
 Samples run on a thread pool (`--engine local`) or as Ray tasks (`--engine ray`); every result line is written by
 this process, so results.jsonl has one writer.
@@ -72,6 +75,7 @@ class Runner:
         self.agent: AgentSpec | None = None
         self._lock_fd: int | None = None
         self.cancelled = False
+        self.slots = None  # polar-rollout serve: the sample slots every run it serves shares (schedule.Plan)
 
     # -- entry ------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -97,7 +101,7 @@ class Runner:
             print(f"polar-rollout: run {self.run_doc['run_id']}: {len(jobs)} sample(s) to run of {progress.total} "
                   f"({len(self.tasks)} task(s) × {o.samples}), agent {self.agent.text}, sandbox {o.sandbox}, "
                   f"--parallel {o.parallel}, engine {o.engine}", file=sys.stderr)
-            plan = Plan(jobs, o.parallel, o.retry_infra, o.engine, o.ray_address)
+            plan = Plan(jobs, o.parallel, o.retry_infra, o.engine, o.ray_address, slots=self.slots)
             self.cancelled = execute(self._context(), plan, self.results, progress)
         progress.end()
         proxyctl.stop_proxy(self.proxy)  # its flow files are closed (renamed .msgpack) before processing

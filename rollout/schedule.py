@@ -31,6 +31,7 @@ class Plan:
     engine: str = "local"
     ray_address: str | None = None
     infra_count: dict[tuple[str, int], int] = field(default_factory=dict)
+    slots: threading.Semaphore | None = None  # polar-rollout serve: sample slots shared by every run it serves
 
 
 def execute(ctx: SampleContext, plan: Plan, results: Results, progress: Progress) -> bool:
@@ -58,7 +59,7 @@ def execute(ctx: SampleContext, plan: Plan, results: Results, progress: Progress
         if plan.engine == "ray":
             _execute_ray(ctx, plan, pending, finished, progress, results)
         else:
-            _execute_local(ctx, plan.parallel, pending, finished, progress, results)
+            _execute_local(ctx, plan.parallel, pending, finished, progress, results, plan.slots)
     except KeyboardInterrupt:
         cancelled = True
     finally:
@@ -68,14 +69,14 @@ def execute(ctx: SampleContext, plan: Plan, results: Results, progress: Progress
 
 def _execute_local(ctx: SampleContext, parallel: int, pending: list[SampleJob],
                    finished: Callable[[SampleJob, ResultRow], SampleJob | None], progress: Progress,
-                   results: Results) -> None:
+                   results: Results, slots: threading.Semaphore | None = None) -> None:
     running: dict[Future, SampleJob] = {}
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="sample") as pool:
         try:
             while pending or running:
                 while pending and len(running) < parallel and not CANCEL.is_set():
                     job = pending.pop(0)
-                    running[pool.submit(run_sample, ctx, job)] = job
+                    running[pool.submit(_in_slot, slots, ctx, job)] = job
                 if not running:
                     break
                 progress.tick(len(running))
@@ -96,6 +97,20 @@ def _execute_local(ctx: SampleContext, parallel: int, pending: list[SampleJob],
                     continue
                 results.append(row)
             raise
+
+
+def _in_slot(slots: threading.Semaphore | None, ctx: SampleContext, job: SampleJob) -> ResultRow:
+    """run_sample once one of the shared slots is free (at once without them); a cancel while it waits is the
+    attempt's cancel."""
+    if slots is None:
+        return run_sample(ctx, job)
+    while not slots.acquire(timeout=0.2):
+        if CANCEL.is_set():
+            return failed_row(ctx, job, "cancelled (Ctrl-C or SIGTERM)", status="cancelled")
+    try:
+        return run_sample(ctx, job)
+    finally:
+        slots.release()
 
 
 def _ray_init(plan: Plan):
