@@ -140,14 +140,14 @@ def main(argv: list[str] | None = None) -> int:
         return err(f"no end-of-turn ids for model {exc.args[0]!r}; pass --eot-token-id N or --tokenizer [MODEL=]DIR")
     except (InputError, EotError, RewardsError, OutputError) as exc:
         return err(str(exc))
-    for warning in report["warnings"]:
+    for warning in report.warnings:
         print(f"polar-process: warning: {warning}", file=sys.stderr)
     if not args.quiet:
         print(summary(report))
         if args.session_prefix:
-            c = report["counts"]
-            print(f"session prefix {' | '.join(map(repr, args.session_prefix))}: {c['sessions_other_prefix']} other "
-                  f"session(s) ({c['calls_other_prefix']} calls) left out")
+            c = report.counts
+            print(f"session prefix {' | '.join(map(repr, args.session_prefix))}: {c.sessions_other_prefix} other "
+                  f"session(s) ({c.calls_other_prefix} calls) left out")
     return 0
 
 

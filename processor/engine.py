@@ -20,7 +20,7 @@ from polar.processor import rewards as rw
 from polar.processor.load import Index, IndexEntry, RecordSource, build_index
 from polar.processor.merge import FLAGS, GroupResult, TrainingSequence, merge_group
 from polar.processor.normalize import Call, to_call
-from polar.processor.report import ReportPartial
+from polar.processor.report_counts import ReportPartial
 from polar.processor.writers import sft_line
 
 

@@ -39,7 +39,7 @@ from polar.processor import rewards as rw
 from polar.processor.engine import Engine, GroupProducts, Settings
 from polar.processor.load import Index, IndexEntry, InputError
 from polar.processor.merge import TrainingSequence
-from polar.processor.report import ReportPartial
+from polar.processor.report_counts import ReportPartial
 from polar.processor.writers import OutputError
 
 MANIFEST = "manifest.json"

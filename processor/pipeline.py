@@ -14,15 +14,16 @@ import sys
 import time
 from dataclasses import asdict, dataclass, replace
 
-import orjson
-
 from polar import records as rec
 from polar.processor import eot as eotmod
 from polar.processor import manifest as mf
 from polar.processor import rewards as rw
 from polar.processor.engine import Engine, GroupProducts, LocalEngine, Settings
 from polar.processor.load import Index, InputError
-from polar.processor.report import ReportBuilder, file_sha256, named_sessions, render_html
+from polar.processor.report import named_sessions, render_html
+from polar.processor.report_counts import ReportBuilder
+from polar.processor.report_doc import Report, write_report_json
+from polar.processor.trainer_files import file_sha256, out_sections
 from polar.processor.viewer import ViewerBuilder, Vocabs
 from polar.processor.writers import (CALLS_SCHEMA, SEQUENCES_SCHEMA, BatchPacker, OutDir, StreamingParquet, calls_frame,
                                      sequences_frame)
@@ -52,8 +53,9 @@ class Options:
     vocab: tuple[str, ...] = ()  # [MODEL=]DIR: token text in report.html only (never the end-of-turn set)
 
 
-def process(opts: Options, progress: Progress | None = None) -> dict:
-    """Run the whole pipeline; returns the report. Raises InputError / EotError / RewardsError / OutputError."""
+def process(opts: Options, progress: Progress | None = None) -> Report:
+    """Run the whole pipeline; returns report.json's document. Raises InputError / EotError / RewardsError /
+    OutputError."""
     progress = progress or Progress(False)
     t0 = time.perf_counter()
     vocabs = Vocabs.read(opts.vocab)  # a bad --vocab stops the run before OUT is touched
@@ -87,18 +89,15 @@ def process(opts: Options, progress: Progress | None = None) -> dict:
         outputs.finish()
         progress.end()
 
-        doc = outputs.report.build(
+        report = outputs.report.build(
             index=index, eot=eot.describe(), rewards=rewards, options=_as_json(opts), outputs=outputs.counts(),
-            seconds=time.perf_counter() - t0, warnings=_warnings(settings, outputs.report, rewards, index))
-        doc["engine"] = engine.stats()
-        if opts.session_prefix:
-            doc["counts"].update(sessions_other_prefix=other[0], calls_other_prefix=other[1])
-        if opts.incremental:
-            doc["incremental"] = plan.describe(rebuild, len(order), eot)
-        outputs.state.finish(index, eot, opts, doc.get("incremental"), plan.known_files)
-        _write_report(outdir, doc, outputs, opts.out)
+            seconds=time.perf_counter() - t0, warnings=_warnings(settings, outputs.report, rewards, index),
+            engine=engine.stats(), other_prefix=other if opts.session_prefix else None,
+            incremental=plan.describe(rebuild, len(order), eot) if opts.incremental else None)
+        outputs.state.finish(index, eot, opts, report.incremental, plan.known_files)
+        _write_report(outdir, report, outputs, opts.out)
         outdir.commit()
-        return doc
+        return report
     except BaseException:
         if outputs is not None:
             outputs.abort()
@@ -207,18 +206,15 @@ def _as_json(opts: Options) -> dict:
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(opts).items()}
 
 
-def _write_report(outdir: OutDir, doc: dict, outputs: _RunOutputs, out: str) -> None:
-    """report.json, then report.html: the overview, the session explorer, and the trainer's files when OUT holds
-    them — polar-verify's verify.parquet (its section only when its rows checked this run's sequences.parquet; the
-    older verify.json when there is no parquet) and train.jsonl."""
-    with open(outdir.path("report.json"), "wb") as fh:
-        fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    verify = os.path.join(out, "verify.parquet")
-    verify = verify if os.path.isfile(verify) else os.path.join(out, "verify.json")
+def _write_report(outdir: OutDir, report: Report, outputs: _RunOutputs, out: str) -> None:
+    """report.json, then report.html: the overview, the session explorer, and the sections of the trainer's files
+    OUT holds — polar-verify's verify.parquet (only when its rows checked this run's sequences.parquet) and a
+    train.jsonl (trainer_files.py)."""
+    write_report_json(outdir.path("report.json"), report)
     sequences = outdir.path("sequences.parquet")
-    page = render_html(doc, outputs.report.totals.seq_lengths, outputs.viewer.finish(), verify=verify,
-                       train=os.path.join(out, "train.jsonl"),
-                       sequences_sha256=file_sha256(sequences) if os.path.isfile(sequences) else None)
+    sections = out_sections(os.path.join(out, "verify.parquet"), os.path.join(out, "train.jsonl"),
+                            file_sha256(sequences) if os.path.isfile(sequences) else None)
+    page = render_html(report, outputs.report.totals.seq_lengths, outputs.viewer.finish(), sections)
     with open(outdir.path("report.html"), "w", encoding="utf-8") as fh:
         fh.write(page)
 

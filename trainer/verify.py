@@ -29,7 +29,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import orjson
 import polars as pl
 
 from polar.trainer import has_trainer_env, needs_trainer_env
@@ -297,7 +296,9 @@ def _atomic_write(path: str, data: bytes) -> None:
 def write_outputs(out: str, frame: pl.DataFrame, summary: dict) -> list[str]:
     """verify.parquet, then report.json's `verify` and report.html's section (each replaced atomically); returns
     notes for whatever could not be updated."""
-    from polar.processor.report import trainer_sections, with_verify_section
+    from polar.processor.report import replace_section
+    from polar.processor.report_doc import ReportError, add_verify
+    from polar.processor.trainer_files import verify_section
 
     notes = []
     path = os.path.join(out, "verify.parquet")
@@ -306,18 +307,20 @@ def write_outputs(out: str, frame: pl.DataFrame, summary: dict) -> list[str]:
     os.replace(tmp, path)
     report_json = os.path.join(out, "report.json")
     if os.path.isfile(report_json):
-        with open(report_json, "rb") as fh:
-            doc = orjson.loads(fh.read())
-        doc["verify"] = summary
-        _atomic_write(report_json, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
+        try:
+            add_verify(report_json, summary)
+        except (OSError, ReportError) as exc:
+            notes.append(f"{exc}: its verify key is not written")
     else:
         notes.append(f"{report_json} is missing: no report to add the verify section to")
     report_html = os.path.join(out, "report.html")
     if os.path.isfile(report_html):
         with open(report_html, encoding="utf-8") as fh:
             page = fh.read()
-        section = trainer_sections(path, None, summary["sequences_sha256"])
-        _atomic_write(report_html, with_verify_section(page, section).encode())
+        try:
+            _atomic_write(report_html, replace_section(page, verify_section(frame.to_dicts())).encode())
+        except ValueError as exc:
+            notes.append(f"{report_html}: {exc}")
     return notes
 
 
@@ -339,7 +342,7 @@ def summary_line(s: dict) -> str:
 def run(args, loaded: dict | None = None, say=print) -> int:
     """Check, recompute, write; the exit code. `loaded`: {DIR: model in memory} (see recompute); `say` gets the
     summary line."""
-    from polar.processor.report import file_sha256
+    from polar.processor.trainer_files import file_sha256
     from polar.trainer.loader import read_calls, row_arrays
 
     check_args(args)

@@ -1,5 +1,5 @@
-"""Scenarios for processor/report.py: report.json's tables and report.html's plots (docs/merge-rules.md#outputs, issue
-13 item 11)."""
+"""Scenarios for processor/report.py and processor/figures.py: report.json's tables and report.html's plots
+(docs/merge-rules.md#outputs, issue 13 item 11)."""
 
 import json
 import re
@@ -7,7 +7,7 @@ import re
 import pytest
 
 from polar.processor.cli import main
-from polar.processor.report import _svg_histogram, integer_bins
+from polar.processor.figures import integer_bins, length_histogram
 from tests.processor.synth import session_records, write_flows
 
 pytestmark = pytest.mark.unit
@@ -46,7 +46,7 @@ def test_1_1_per_protocol_and_per_model_tables_add_up_to_the_totals(report, tabl
 @pytest.mark.parametrize("lengths", [[32, 33, 35, 40, 47, 50, 60, 64], [5, 5, 5], [0, 1, 2, 70_000],
                                      list(range(100, 4000, 37))], ids=["narrow", "one_value", "zero_and_wide", "wide"])
 def test_1_2_length_histogram_bins_are_integer_non_overlapping_and_distinct(lengths):
-    svg = _svg_histogram(lengths, "Sequence lengths", "n_tokens")
+    svg = length_histogram(lengths, "Sequence lengths", "n_tokens")
     labels = re.findall(r"<title>([^<]*)</title>", svg)
     assert len(labels) == len(set(labels)) <= 30
     ranges, counts = [], []
@@ -66,3 +66,50 @@ def test_1_3_integer_bins_are_log_spaced():
     bins = integer_bins(1, 100_000)
     widths = [b - a + 1 for a, b in bins]
     assert 25 <= len(bins) <= 30 and widths == sorted(widths) and widths[0] == 1 and widths[-1] > 10_000
+
+
+# -- 2. the section hook: other packages add to the page by element id (issue 22) -------------------------------------
+
+def _slot(page: str) -> str:
+    start = page.index('<div id="polar-sections">')
+    return page[start:page.index("<h2>Counts</h2>", start)]
+
+
+def test_2_1_sections_render_into_the_slot_before_counts(report, tmp_path):
+    from polar.processor.report import Section, render_html
+    from polar.processor.report_doc import read_report
+
+    doc, page = report
+    assert _slot(page) == '<div id="polar-sections"></div>'  # no trainer file in OUT: an empty slot
+    out = tmp_path / "report.json"
+    out.write_text(json.dumps(doc))
+    sections = [Section("my-tool", "Mine <&>", "<p>one</p><div><div>nested</div></div>"),
+                Section("other", "Other", "<p>two</p>")]
+    html = render_html(read_report(out), [], None, sections)
+    slot = _slot(html)
+    assert slot.index('<div id="my-tool"><h2>Mine &lt;&amp;&gt;</h2><p>one</p>') < slot.index('<div id="other">')
+    assert slot.endswith("<p>two</p></div></div>")  # both sections inside the slot, which closes before Counts
+
+
+def test_2_2_replace_section_replaces_by_id_or_adds_to_the_slot(report):
+    from polar.processor.report import Section, remove_section, replace_section
+
+    _, page = report
+    first = Section("polar-verify", "Verify", "<div><p>old</p></div>")
+    added = replace_section(page, first)
+    assert added.count('<div id="polar-verify">') == 1 and "<p>old</p>" in _slot(added)
+    again = replace_section(added, Section("polar-verify", "Verify", "<p>new</p>"))
+    assert again.count('<div id="polar-verify">') == 1 and "<p>old</p>" not in again and "<p>new</p>" in _slot(again)
+    assert replace_section(again, Section("polar-verify", "Verify", "<p>new</p>")) == again  # idempotent
+    assert remove_section(again, "polar-verify") == page == remove_section(page, "polar-verify")
+    with pytest.raises(ValueError, match="no sections slot"):
+        replace_section(page.replace('<div id="polar-sections">', "<div>"), first)
+
+
+@pytest.mark.parametrize("section_id,body", [("Bad Id", "<p>x</p>"), ("polar-sections", ""), ("ok", "<div><p>x</p>"),
+                                             ("ok", "</div>")], ids=["id", "the_slot", "unclosed", "stray_close"])
+def test_2_3_a_section_that_could_break_the_page_is_refused(section_id, body):
+    from polar.processor.report import Section
+
+    with pytest.raises(ValueError):
+        Section(section_id, "title", body)

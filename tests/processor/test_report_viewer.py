@@ -21,7 +21,7 @@ import pytest
 
 from polar.processor.cli import main
 from polar.processor.load import InputError
-from polar.processor.report import trainer_sections
+from polar.processor.trainer_files import trainer_sections
 from polar.processor.viewer import (CONTEXT, ROW_COLS, Vocabs, call_texts, content_text, encode_strip, piece_text,
                                     read_vocab, script_json, windows)
 from tests.processor.synth import session_records, write_flows
@@ -304,10 +304,13 @@ def test_2_5_over_report_max_mb_broken_and_flagged_sessions_keep_their_strips_fi
 
 def test_2_6_the_trainer_files_are_rendered_when_present(tmp_path, dump):
     assert trainer_sections(None, None) == "" and trainer_sections(str(tmp_path / "no.json"), None) == ""
-    verify = tmp_path / "verify.json"
-    verify.write_text(json.dumps({"sequences": [
+    import polars as pl
+
+    verify = tmp_path / "verify.parquet"
+    pl.DataFrame([
         {"sequence_id": "a", "n_checked": 10, "median_abs_gap": 0.01, "max_abs_gap": 0.2, "share_within": 0.9},
-        {"sequence_id": "b", "n_checked": 5, "median_abs_gap": 0.03, "max_abs_gap": 0.5, "share_within": 0.8}]}))
+        {"sequence_id": "b", "n_checked": 5, "median_abs_gap": 0.03, "max_abs_gap": 0.5, "share_within": 0.8}],
+    ).write_parquet(verify)
     train = tmp_path / "train.jsonl"
     train.write_text("".join(json.dumps({"step": s, "reward_mean": r, "loss": 1 / s}) + "\n"
                              for s, r in [(1, 0.2), (2, 0.4), (3, 0.5)]))
@@ -319,7 +322,7 @@ def test_2_6_the_trainer_files_are_rendered_when_present(tmp_path, dump):
     # polar-process renders the files OUT holds (a run with --overwrite over the trainer's OUT).
     out = tmp_path / "out"
     out.mkdir()
-    shutil.copy(verify, out / "verify.json")
+    shutil.copy(verify, out / "verify.parquet")
     shutil.copy(train, out / "train.jsonl")
     _, page = run(dump, out, "--overwrite")
     assert "Verify: recomputed vs recorded logprobs" in page and "Training steps" in page

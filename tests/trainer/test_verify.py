@@ -8,6 +8,8 @@ Scenarios:
 1.4 weight versions: a VERSION=DIR checks that version; a version without a DIR is skipped (nothing left: exit 2).
 1.5 bad input: exit 2 with one line; without torch: the one line that names the trainer environment.
 2.1 normal mode: the context_mismatch sequences are the outliers.
+3.1 the outputs without a model: report.json's `verify` and report.html's one section through the processor's public
+    hook, replaced (not added again) by a second run; a page without the hook's slot gets a note, not a crash.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from polar.processor.report import trainer_sections
+from polar.processor.trainer_files import trainer_sections
 from polar.trainer import verify
 
 from tests.trainer.conftest import exact_rollout_args, rollout
@@ -157,3 +159,31 @@ def test_2_1_normal_mode_context_mismatch_sequences_are_the_outliers(normal_out)
     assert (clean["max_abs_gap"] < 1e-3).all()  # every outlier is a flagged sequence
     assert flagged["median_abs_gap"].max() > 1e-3
     assert _report(normal_out)["flagged"]["share_within"] < 0.9
+
+
+def test_3_1_outputs_go_through_the_processor_s_public_hook(tmp_path):
+    from polar.processor.cli import main as process
+    from polar.processor.report_doc import read_report
+
+    from tests.processor.synth import session_records, write_flows
+
+    write_flows(str(tmp_path / "flows"), session_records("s1", ["turn", "turn", "side"], seed=1), per_file=5)
+    out = tmp_path / "out"
+    assert process([str(tmp_path / "flows"), "-o", str(out), "-q"]) == 0
+    before = json.loads((out / "report.json").read_text())
+    row = {"sequence_id": "a", "weight_version": None, "n_checked": 9, "n_constrained": 0, "n_skipped": 0,
+           "median_abs_gap": 0.002, "max_abs_gap": 0.01, "share_within": 1.0, "kl_k3": 0.0, "verify_flags": [],
+           "sequences_sha256": "0" * 64}
+    frame = pl.DataFrame([row], schema=verify.VERIFY_SCHEMA, orient="row")
+    assert verify.write_outputs(str(out), frame, {"median_abs_gap": 0.002}) == []
+    assert read_report(out / "report.json").verify == {"median_abs_gap": 0.002}
+    assert {**before, "verify": {"median_abs_gap": 0.002}} == json.loads((out / "report.json").read_text())
+    page = (out / "report.html").read_text()
+    assert page.count('<div id="polar-verify">') == 1 and "1 sequences, 9 tokens checked" in page
+    assert verify.write_outputs(str(out), frame.with_columns(n_checked=pl.lit(4)), {"median_abs_gap": 0.1}) == []
+    page = (out / "report.html").read_text()
+    assert page.count('<div id="polar-verify">') == 1 and "4 tokens checked" in page and "9 tokens" not in page
+    (out / "report.html").write_text(page.replace('<div id="polar-sections">', "<div>").replace(
+        '<div id="polar-verify">', "<div>"))  # a page from before the hook
+    notes = verify.write_outputs(str(out), frame, {"median_abs_gap": 0.002})
+    assert len(notes) == 1 and "no sections slot" in notes[0]
