@@ -1,5 +1,7 @@
 """RUN/report.html of polar-train: the loop's curves, one chart per quantity of train.jsonl, drawn as inline SVG
-(no script, no network: the page opens from disk). Rewritten atomically after every step. Standard library only."""
+by polar.processor.figures' line_chart, the one curve polar-process's report draws too (no script, no network: the
+page opens from disk). Rewritten atomically after every step. Standard library and the figures only (no torch, no
+polars)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import html
 import json
 import os
 from pathlib import Path
+
+from polar.processor.figures import line_chart
 
 # (title, [(train.jsonl field, legend)]) — one chart each
 CHARTS = (
@@ -23,8 +27,6 @@ CHARTS = (
     ("verify: median |logprob gap| (nats)", [("verify_median_abs_gap", "median |gap|")]),
     ("verify: share of tokens within tolerance", [("verify_share_within", "share within")]),
 )
-COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
-W, H, PAD, LEFT = 440, 220, 42, 78  # LEFT: room for the y labels
 
 
 def _derived(ln: dict) -> dict:
@@ -41,41 +43,6 @@ def _points(lines: list[dict], key: str) -> list[tuple[int, float]]:
             if isinstance(ln.get(key), (int, float)) and not isinstance(ln.get(key), bool)]
 
 
-def _chart(title: str, series: list[tuple[str, list[tuple[int, float]]]]) -> str:
-    pts = [p for _, s in series for p in s]
-    if not pts:
-        return f'<figure><figcaption>{html.escape(title)}</figcaption><p class="none">no value yet</p></figure>'
-    xs, ys = [x for x, _ in pts], [y for _, y in pts]
-    x0, x1 = min(xs), max(max(xs), min(xs) + 1)
-    y0, y1 = min(ys), max(ys)
-    if y1 - y0 < 1e-12:
-        y0, y1 = y0 - 0.5 * (abs(y0) or 1), y1 + 0.5 * (abs(y1) or 1)
-
-    def sx(x: float) -> float:
-        return LEFT + (x - x0) / (x1 - x0) * (W - LEFT - PAD)
-
-    def sy(y: float) -> float:
-        return H - PAD + (y - y0) / (y1 - y0) * (2 * PAD - H)
-
-    digits = 4 if (y1 - y0) > 1e-3 * max(abs(y0), abs(y1)) else 8  # a ratio near 1 still shows its spread
-    parts = [f'<line x1="{LEFT}" y1="{H - PAD}" x2="{W - PAD}" y2="{H - PAD}" class="axis"/>',
-             f'<line x1="{LEFT}" y1="{PAD}" x2="{LEFT}" y2="{H - PAD}" class="axis"/>',
-             f'<text x="{LEFT - 4}" y="{sy(y1) + 4:.1f}" class="tick" text-anchor="end">{y1:.{digits}g}</text>',
-             f'<text x="{LEFT - 4}" y="{sy(y0) + 4:.1f}" class="tick" text-anchor="end">{y0:.{digits}g}</text>']
-    for x in sorted(set(xs)):
-        parts.append(f'<text x="{sx(x):.1f}" y="{H - PAD + 16}" class="tick" text-anchor="middle">{x}</text>')
-    legend = []
-    for i, (name, s) in enumerate(series):
-        color = COLORS[i % len(COLORS)]
-        path = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in s)
-        parts.append(f'<polyline points="{path}" fill="none" stroke="{color}" stroke-width="2"/>')
-        parts += [f'<circle cx="{sx(x):.1f}" cy="{sy(y):.1f}" r="3" fill="{color}"><title>step {x}: {y:.6g}'
-                  f'</title></circle>' for x, y in s]
-        legend.append(f'<span style="color:{color}">■</span> {html.escape(name)}')
-    return (f'<figure><figcaption>{html.escape(title)}</figcaption><svg viewBox="0 0 {W} {H}" width="{W}" '
-            f'height="{H}" role="img">{"".join(parts)}</svg><div class="legend">{" ".join(legend)}</div></figure>')
-
-
 def _group_chart(lines: list[dict]) -> str:
     """One series per task: a step's groups are `<run-id>-step-000N/<task>`, so the task is the name after the
     last slash."""
@@ -84,7 +51,7 @@ def _group_chart(lines: list[dict]) -> str:
         for group, value in (ln.get("reward_mean_per_group") or {}).items():
             if isinstance(value, (int, float)):
                 per_task.setdefault(group.rsplit("/", 1)[-1], []).append((ln["step"], float(value)))
-    return _chart("mean reward per step, per task", sorted(per_task.items()))
+    return line_chart("mean reward per step, per task", sorted(per_task.items()))
 
 
 def _table(lines: list[dict]) -> str:
@@ -117,12 +84,13 @@ def render(run: Path, lines: list[dict]) -> str:
     plan = {}
     if (run / "train.json").is_file():
         plan = json.loads((run / "train.json").read_text())
-    charts = [_chart(title, [(name, _points(lines, key)) for key, name in series]) for title, series in CHARTS]
+    charts = [line_chart(title, [(name, _points(lines, key)) for key, name in series])
+              for title, series in CHARTS]
     charts.insert(1, _group_chart(lines))
     style = ("body{font:14px system-ui,sans-serif;margin:24px;color:#222}figure{display:inline-block;margin:8px;"
-             "vertical-align:top}figcaption{font-weight:600;margin-bottom:4px}.axis{stroke:#888}.tick{font-size:10px;"
-             "fill:#555}.legend{font-size:12px}table{border-collapse:collapse;margin-top:16px}td,th{border:1px solid"
-             " #ccc;padding:3px 6px;font-size:12px;text-align:right}.none{color:#888}")
+             "vertical-align:top}figcaption{font-weight:600;margin-bottom:4px}.legend{font-size:12px}"
+             "table{border-collapse:collapse;margin-top:16px}td,th{border:1px solid #ccc;padding:3px 6px;"
+             "font-size:12px;text-align:right}.none{color:#888}")
     title = f"polar-train — {run.name}"
     what = (f"{html.escape(str(plan.get('agent')))} on {len(plan.get('tasks') or [])} task path(s)"
             + (f" ({plan['tasks_per_step']} task(s) per step)" if plan.get("tasks_per_step") else "")
