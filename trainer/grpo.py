@@ -65,9 +65,15 @@ class StepMetrics:
     kl_initial: float | None = None  # k3 estimate of KL(π‖π_ref) on trainable tokens, first forward
     left_out: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    # {staleness: [tokens whose clipped term was taken, trainable tokens]} over every update ("-1": not known)
+    clip_by_staleness: dict = field(default_factory=dict)
+
+    @property
+    def clip_share_by_staleness(self) -> dict[str, float]:
+        return {k: c / n for k, (c, n) in sorted(self.clip_by_staleness.items(), key=lambda kv: int(kv[0])) if n}
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "clip_share_by_staleness": self.clip_share_by_staleness}
 
 
 def make_optimizer(model, config: GrpoConfig) -> torch.optim.Optimizer:
@@ -94,8 +100,24 @@ def token_terms(logprobs: torch.Tensor, mb: MicroBatch, config: GrpoConfig) -> t
     r_on = ratio.detach()[on]
     stats = {"ratio_sum": float(r_on.sum()), "ratio_max": float(r_on.max()) if r_on.numel() else None,
              "ratio_max_dev": float((r_on - 1).abs().max()) if r_on.numel() else None,
-             "clipped": int(took_clip.sum()), "truncated": int(truncated.sum()), "n": int(on.sum())}
+             "clipped": int(took_clip.sum()), "truncated": int(truncated.sum()), "n": int(on.sum()),
+             "by_staleness": _by_staleness(mb, on, took_clip)}
     return terms, stats
+
+
+def _by_staleness(mb: MicroBatch, on: torch.Tensor, took_clip: torch.Tensor) -> dict[str, list[int]]:
+    """{staleness: [clipped, trainable]} of the micro-batch's trainable tokens."""
+    if mb.staleness is None:
+        return {}
+    st, clipped = mb.staleness[on], took_clip[on]
+    return {str(v): [int((clipped & (st == v)).sum()), int((st == v).sum())] for v in torch.unique(st).tolist()}
+
+
+def _add_counts(into: dict, counts: dict) -> None:
+    for k, (c, n) in counts.items():
+        have = into.setdefault(k, [0, 0])
+        have[0] += c
+        have[1] += n
 
 
 def logprobs_and_entropy(model, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,6 +170,7 @@ def _accumulate(model, batches: MicroBatches, config: GrpoConfig, *, measure: bo
             m.first_ratio_max_dev = st["ratio_max_dev"]
         m.clip_share += st["clipped"] / total
         m.tis_share += st["truncated"] / total
+        _add_counts(m.clip_by_staleness, st["by_staleness"])
     m.ratio_mean, m.ratio_max = ratio_sum / total, ratio_max
     if measure:
         m.entropy = ent_sum / total
@@ -259,6 +282,7 @@ def grpo_update(model, optimizer: torch.optim.Optimizer, batches: MicroBatches, 
             m.ratio_max = max(m.ratio_max, um.ratio_max if um.ratio_max is not None else -math.inf)
             m.clip_share += um.clip_share * n
             m.tis_share += um.tis_share * n
+            _add_counts(m.clip_by_staleness, um.clip_by_staleness)
     m.loss, m.ratio_mean = loss_sum / seen, ratio_sum / seen
     m.clip_share, m.tis_share = m.clip_share / seen, m.tis_share / seen
     m.grad_norm = sum(norms) / len(norms)

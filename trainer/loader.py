@@ -17,6 +17,10 @@ and constrained calls (tool_choice required/named, a JSON schema: vLLM's logprob
 their completion tokens masked out, and counted: their recorded logprobs are not the policy's π_old. A row left with
 no trainable token is left out (counted): a forward for nothing.
 
+With a `Staleness` rule (polar-train --max-staleness), each row's staleness — the current version minus the oldest
+version among its calls — rides with its tokens (`MicroBatch.staleness`), and rows staler than its limit are left out
+(`left_out_stale`).
+
 Which call a token belongs to comes from `call_spans` when sequences carry it; otherwise from the trainable runs of
 the loss mask matched, in order, to the calls' completion lengths (`calls.parquet`). A sequence whose runs do not
 match has unknown spans (`spans=None`).
@@ -161,6 +165,7 @@ class SequenceTokens:
     loss_mask: np.ndarray  # float32
     logprobs: np.ndarray  # float32 (zeros when the row has none)
     advantage: float = 0.0
+    staleness: int | None = None  # versions behind the policy being trained (Staleness); None: not known
 
     @property
     def n_tokens(self) -> int:
@@ -225,10 +230,29 @@ def _mask_calls(row: dict, recorded: np.ndarray, mask: np.ndarray, reasons: dict
             mask[s:e] = 0
 
 
+@dataclass(frozen=True)
+class Staleness:
+    """A row's staleness = `current` − the oldest version among its calls, as `index` numbers them (an
+    asynchronous trainer trains on samples some of whose calls an older policy sampled). Rows past `limit` are left
+    out (`left_out_stale`); a row none of whose calls has a known version keeps `staleness` None (counted in
+    `staleness_unknown`)."""
+
+    current: int
+    index: object  # Callable[[str | None], int | None]: a weight version's number, None when it has none
+    limit: int | None = None
+
+    def of(self, row: dict, calls: dict[str, CallInfo]) -> int | None:
+        known = [self.index(calls[c].weight_version) for c in row.get("call_ids") or [] if c in calls]
+        known = [v for v in known if v is not None]
+        return self.current - min(known) if known else None
+
+
 COUNTS = ("rows", "left_out_null_advantage", "left_out_missing_logprobs", "left_out_flagged",
           "left_out_no_trainable", "sampling_calls_left_out", "sampling_tokens_left_out",
-          "constrained_calls_left_out", "constrained_tokens_left_out", "unknown_spans")
+          "constrained_calls_left_out", "constrained_tokens_left_out", "unknown_spans", "left_out_stale",
+          "staleness_unknown")
 _ROW_NOTES = (("left_out_null_advantage", "null advantage (no reward joined)"),
+              ("left_out_stale", "staler than the limit"),
               ("left_out_missing_logprobs", "no logprobs (missing_logprobs)"),
               ("left_out_flagged", "flagged (leave_out_flags)"),
               ("left_out_no_trainable", "no trainable token left"))
@@ -246,16 +270,21 @@ def _keep(row: dict, has_logprobs: bool, leave_out_flags: tuple[str, ...]) -> st
 
 
 def select_rows(df: pl.DataFrame, calls: dict[str, CallInfo], *, leave_out_constrained: bool = True,
-                leave_out_flags: tuple[str, ...] = ()) -> Selection:
-    """Rows with an advantage and logprobs (and none of `leave_out_flags`), each with token 0 and the completion
-    tokens of calls not sampled at T=1/top_p=1/top_k=-1 under raw_logprobs, and of constrained calls, masked out;
-    everything left out is counted."""
+                leave_out_flags: tuple[str, ...] = (), staleness: Staleness | None = None) -> Selection:
+    """Rows with an advantage and logprobs (and none of `leave_out_flags`, and not staler than `staleness.limit`),
+    each with token 0 and the completion tokens of calls not sampled at T=1/top_p=1/top_k=-1 under raw_logprobs, and
+    of constrained calls, masked out; everything left out is counted."""
     counts = dict.fromkeys(COUNTS, 0)
     counts["rows"] = len(df)
     kept = []
     ids, masks, lps = row_arrays(df) if len(df) else ([], [], [])
     for i, row in enumerate(df.drop("input_ids", "loss_mask", "logprobs").iter_rows(named=True)):
         why = _keep(row, lps[i] is not None, leave_out_flags)
+        stale = staleness.of(row, calls) if staleness is not None else None
+        if staleness is not None and stale is None:
+            counts["staleness_unknown"] += 1
+        if why is None and stale is not None and staleness.limit is not None and stale > staleness.limit:
+            why = "left_out_stale"
         mask = masks[i].copy()
         mask[:1] = 0
         reasons = call_reasons(row, calls, leave_out_constrained) if why is None else {}
@@ -266,7 +295,7 @@ def select_rows(df: pl.DataFrame, calls: dict[str, CallInfo], *, leave_out_const
         if why is not None:
             counts[why] += 1
             continue
-        kept.append(SequenceTokens(row["sequence_id"], ids[i], mask, lps[i], float(row["advantage"])))
+        kept.append(SequenceTokens(row["sequence_id"], ids[i], mask, lps[i], float(row["advantage"]), stale))
     notes = [f"{counts[k]} row(s) left out: {what}" for k, what in _ROW_NOTES if counts[k]]
     for reason, what in (("sampling", "not sampled at T=1/top_p=1/top_k=-1 under raw_logprobs"),
                          ("constrained", "constrained (logprobs after the grammar mask)")):
@@ -294,6 +323,7 @@ class MicroBatch:
     advantages: torch.Tensor
     sequence_ids: list[str]
     segments: list[tuple[int, int, int]]
+    staleness: torch.Tensor | None = None  # [B, L] int64: each token's row's staleness; −1 unknown or padding
 
     @property
     def n_tokens(self) -> int:
@@ -344,6 +374,7 @@ def build(seqs: list[SequenceTokens], layout: str) -> MicroBatch:
     ids, pos = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
     att, mask = np.zeros(shape, np.int64), np.zeros(shape, np.float32)
     old, adv = np.zeros(shape, np.float32), np.zeros(shape, np.float32)
+    stale = np.full(shape, -1, np.int64)
     segments = []
     for b, row in enumerate(rows):
         at = 0
@@ -352,11 +383,12 @@ def build(seqs: list[SequenceTokens], layout: str) -> MicroBatch:
             ids[b, at:end], pos[b, at:end], att[b, at:end] = s.input_ids, np.arange(s.n_tokens), 1
             mask[b, at:end], old[b, at:end], adv[b, at:end] = s.loss_mask, s.logprobs, s.advantage
             mask[b, at] = 0  # token 0 of a sequence has no context
+            stale[b, at:end] = -1 if s.staleness is None else s.staleness
             segments.append((b, at, end))
             at = end
     t = torch.from_numpy
     return MicroBatch(layout, t(ids), t(att) if layout == "per_sequence" else None, t(pos), t(mask), t(old),
-                      t(adv * (mask > 0)), [s.sequence_id for s in seqs], segments)
+                      t(adv * (mask > 0)), [s.sequence_id for s in seqs], segments, t(stale))
 
 
 class MicroBatches:
@@ -393,12 +425,12 @@ def batch_files(batches_dir: str) -> list[str]:
 
 def micro_batches(batches_dir: str, max_tokens: int, layout: str = "per_sequence", *,
                   calls: dict[str, CallInfo] | None = None, leave_out_constrained: bool = True,
-                  leave_out_flags: tuple[str, ...] = ()) -> MicroBatches:
+                  leave_out_flags: tuple[str, ...] = (), staleness: Staleness | None = None) -> MicroBatches:
     """The micro-batches of every row in `batches_dir/*.parquet` (see the module docstring). `calls` defaults to
     the calls.parquet beside `batches_dir` (OUT/batches → OUT/calls.parquet); `leave_out_constrained=False`
     trains constrained calls' tokens too; rows with any of `leave_out_flags` (e.g. context_mismatch) are left out."""
     if calls is None:
         calls = read_calls(os.path.dirname(os.path.abspath(batches_dir)))
     rows = select_rows(read_rows(batch_files(batches_dir)), calls, leave_out_constrained=leave_out_constrained,
-                       leave_out_flags=leave_out_flags)
+                       leave_out_flags=leave_out_flags, staleness=staleness)
     return MicroBatches(rows, max_tokens, layout)

@@ -164,3 +164,24 @@ def test_2_1_token_sum_normalisation_matches_a_hand_computation(tis_cap):
     assert metrics.loss != pytest.approx(float(np.mean(per_batch)), abs=1e-3)  # not a mean of micro-batch means
     assert 0 < metrics.clip_share < 1
     assert metrics.tis_share == pytest.approx(truncated / count) and (tis_cap is None) == (truncated == 0)
+
+
+def test_2_2_clip_share_by_staleness_splits_the_clip_share():
+    """The clip share of each staleness is that staleness's tokens' share, and the shares weighted by their tokens
+    give the step's clip share back (two updates: from the second on, the policy has moved)."""
+    model = load_model(str(TINY))
+    model.requires_grad_(True)
+    seqs = _synthetic(model)
+    for s, stale in zip(seqs, (0, 1, 1)):
+        s.staleness = stale
+    batches = MicroBatches(Selection(seqs, {}, []), 64, "per_sequence")
+    config = grpo.GrpoConfig(lr=1e-2, clip=0.2)
+    m = grpo.grpo_update(model, grpo.make_optimizer(model, config), batches, config, mini_batches=1, epochs=2)
+    tokens = {"0": 2 * float(seqs[0].loss_mask[1:].sum()),
+              "1": 2 * float(seqs[1].loss_mask[1:].sum() + seqs[2].loss_mask[1:].sum())}
+    assert {k: n for k, (_, n) in m.clip_by_staleness.items()} == tokens
+    shares = m.clip_share_by_staleness
+    assert set(shares) == {"0", "1"} and all(0 <= v <= 1 for v in shares.values())
+    weighted = sum(shares[k] * tokens[k] for k in tokens) / sum(tokens.values())
+    assert weighted == pytest.approx(m.clip_share, abs=1e-9)
+    assert m.as_dict()["clip_share_by_staleness"] == shares

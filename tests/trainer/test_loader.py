@@ -166,3 +166,32 @@ def test_3_3_spans_from_the_mask_when_sequences_have_no_call_spans(tmp_path):
     assert spans == [("a", 10, 30), ("b", 40, 60)]
     assert loader.completion_spans(row, np.array(row["loss_mask"]), {
         "a": loader.CallInfo("a", completion_tokens=25), "b": loader.CallInfo("b", completion_tokens=15)}) is None
+
+
+def _version(v: str | None) -> int | None:
+    return int(v.split("-")[1]) if v and v.startswith("step-") else None
+
+
+def test_4_1_rows_staler_than_the_limit_are_left_out_and_counted(tmp_path):
+    """Staleness = the current version − the oldest version among a row's calls: s0 sampled by step-0003 (0 behind
+    step-0003), s1 with one call by step-0001 (2 behind), s2 by step-0002 (1), s3's call has no version (unknown)."""
+    rows = [_row(0, 40, 20), _row(1, 40, 20, calls=[("c1", 20, 30), ("c1b", 30, 40)]), _row(2, 40, 20),
+            _row(3, 40, 20)]
+    calls = [{"call_id": c, "completion_tokens": n, "weight_version": v, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+              "logprobs_mode": "raw_logprobs", "constrained": False}
+             for c, n, v in (("c0", 20, "step-0003"), ("c1", 10, "step-0003"), ("c1b", 10, "step-0001"),
+                             ("c2", 20, "step-0002"), ("c3", 20, None))]
+    rule = loader.Staleness(current=3, index=_version, limit=1)
+    mbs = loader.micro_batches(str(_write(tmp_path, rows, calls)), 1000, "per_sequence", staleness=rule)
+    kept = {s.sequence_id: s.staleness for g in mbs.groups for s in g}
+    assert kept == {"s0": 0, "s2": 1, "s3": None}
+    assert mbs.counts["left_out_stale"] == 1 and mbs.counts["staleness_unknown"] == 1
+    by_id = {}
+    for mb in mbs:
+        for sid, (b, s, e) in zip(mb.sequence_ids, mb.segments):
+            by_id[sid] = set(mb.staleness[b, s:e].tolist())
+    assert by_id == {"s0": {0}, "s2": {1}, "s3": {-1}}
+    unlimited = loader.micro_batches(str(_write(tmp_path / "all", rows, calls)), 1000, "per_sequence",
+                                     staleness=loader.Staleness(current=3, index=_version))
+    assert sorted(s.staleness if s.staleness is not None else -1 for g in unlimited.groups for s in g) == [-1, 0, 1, 2]
+    assert unlimited.counts["left_out_stale"] == 0
