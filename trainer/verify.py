@@ -32,6 +32,7 @@ import numpy as np
 import polars as pl
 
 from polar.trainer import has_trainer_env, needs_trainer_env
+from polar.trainer.args import OneLineParser
 
 NEEDS_TRAIN = needs_trainer_env("polar-verify")
 VERIFY_SCHEMA: dict[str, pl.DataType] = {
@@ -51,15 +52,9 @@ class BadInput(ValueError):
 
 # ---------------------------------------------------------------------------------------------------- arguments
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, not the usage block: exit 2 names the fix
-        print(f"polar-verify: {message} (polar-verify --help lists the options)", file=sys.stderr)
-        sys.exit(2)
-
-
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="polar-verify", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = OneLineParser(prog="polar-verify", description=__doc__.split("\n\n")[0],
+                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("out", metavar="OUT", help="a polar-process output directory (sequences.parquet, calls.parquet)")
     p.add_argument("--model", action="extend", nargs="+", required=True, metavar="[VERSION=]DIR",
                    help="HF checkpoint that served weight version VERSION (several, or repeated); without VERSION=, "
