@@ -338,6 +338,9 @@ class Serve:
                 except UsageError as exc:
                     print(f"polar-rollout: error: {exc}", file=sys.stderr)
                     code = 2
+                except KeyboardInterrupt:  # the cancel reached a preflight (preflight.canary_sample raises it)
+                    print("polar-rollout: cancelled", file=sys.stderr)
+                    code = 130
                 except Exception as exc:  # noqa: BLE001 — a bug must not take the serve down: exit 1, traceback logged
                     traceback.print_exc()
                     code, sink.error = 1, f"serve: {type(exc).__name__}: {exc}"

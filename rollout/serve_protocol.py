@@ -250,11 +250,11 @@ def request_stop(directory: str | os.PathLike) -> None:
     (Path(directory) / STOP).touch()
 
 
-def _gone(directory: str | os.PathLike, pid: int | None, start: int | None, since: float) -> str | None:
-    """Why the serve will not answer (it ended, or its process is gone), or None while it lives. An ended.json of
-    another serve of DIR (another pid; without a pid, one written before `since`) is an earlier serve's."""
+def _gone(directory: str | os.PathLike, pid: int | None, start: int | None, since: float | None) -> str | None:
+    """Why the serve will not answer (it ended, or its process is gone), or None while it lives. With `pid`, an
+    ended.json of another pid is an earlier serve's; with `since`, so is one written before it."""
     doc = ended(directory)
-    if doc is not None and (doc.get("pid") == pid if pid is not None else (doc.get("t") or 0) >= since):
+    if doc is not None and (pid is None or doc.get("pid") == pid) and (since is None or (doc.get("t") or 0) >= since):
         return f"the serve of {directory} ended (exit {doc.get('exit')}): {doc.get('reason')}"
     if pid is not None:
         now = pid_start(pid)
@@ -286,19 +286,16 @@ def wait_ready(directory: str | os.PathLike, timeout: float, pid: int | None = N
 
 def wait(directory: str | os.PathLike, name: str, timeout: float | None = None) -> RolloutResponse:
     """The answer to request `name` once it has come. ServeEnded when the serve ended (or its process is gone)
-    without answering; TimeoutError after `timeout` seconds (None: no limit)."""
+    without answering; TimeoutError after `timeout` seconds (None: no limit). Call it once `wait_ready` has
+    returned: before, an ended.json an earlier serve of DIR left would count."""
     deadline = None if timeout is None else time.monotonic() + timeout
     ready = _read(Path(directory) / READY) or {}
     pid, start = ready.get("pid"), ready.get("pid_start")
-    try:
-        since = request_path(directory, name).stat().st_mtime
-    except OSError:
-        since = time.time()
     while True:
         got = poll(directory, name)
         if got is not None:
             return got
-        why = _gone(directory, pid, start, since)
+        why = _gone(directory, pid, start, None)
         if why:
             got = poll(directory, name)  # answered just before it ended
             if got is not None:

@@ -271,3 +271,15 @@ def test_5_3_report_sections_are_found_by_element_id_not_comment_markers():
              for p in sorted((ROOT / folder).rglob("*.py")) for node, text in _strings(ast.parse(p.read_text()))
              if "<!--" in text]
     assert found == []
+
+
+def test_5_4_the_rollout_serves_protocol_stands_on_the_standard_library_alone():
+    """rollout/serve_protocol.py is all that polar-train (its own Python, without mitmproxy) imports of the rollout
+    side: it imports nothing but the standard library."""
+    import sys
+
+    tree = ast.parse((ROOT / "rollout" / "serve_protocol.py").read_text())
+    names = [a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names]
+    names += [node.module or "." for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+              and (node.level or node.module != "__future__")]
+    assert names and [n for n in names if n.split(".")[0] not in sys.stdlib_module_names] == []
