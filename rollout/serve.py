@@ -128,6 +128,8 @@ class ServedRunner(Runner):
 
     def _preflight(self) -> None:
         passed = self.serve.preflights.get(self.agent.text)
+        if passed is None and self.serve.args.skip_preflight:  # no canary sample for any agent: the canary call's
+            passed = self.serve.preflights[None]
         if passed is None:  # an agent the serve has not preflighted: its preflight, once, in this run
             super()._preflight()
             self.serve.preflights.setdefault(self.agent.text, self.run_doc["preflight"])
@@ -195,7 +197,7 @@ class Serve:
         self.agent = AgentSpec.parse(args.agent) if args.agent else None
         self.slots = threading.BoundedSemaphore(args.parallel)
         self.proxy: proxyctl.Proxy | None = None
-        self.preflights: dict[str, dict] = {}
+        self.preflights: dict[str | None, dict] = {}  # None: the canary call alone (--skip-preflight)
         self.threads: dict[str, threading.Thread] = {}
         self.answered: set[str] = set()
         self.wake = threading.Event()
@@ -266,11 +268,16 @@ class Serve:
         self._lock_fd = fd
 
     def _preflight(self, task) -> dict:
-        """The canary call; with --agent, its canary sample too (run_preflight): ready.json's `preflight`."""
-        if self.agent is None:
+        """The canary call; with --agent, its canary sample too (run_preflight): ready.json's `preflight`. With
+        --skip-preflight the canary call only, for every agent (`canary_sample`: "skipped")."""
+        if self.agent is None or self.args.skip_preflight:
             t0 = time.monotonic()
             canary_call(self.proxy, f"{self.id}/{PREFLIGHT}/0")
-            return {"passed": True, "t": now(), "seconds": round(time.monotonic() - t0, 2), "agent": None}
+            doc = {"passed": True, "t": now(), "seconds": round(time.monotonic() - t0, 2), "agent": None}
+            if self.args.skip_preflight:
+                doc["canary_sample"] = "skipped (--skip-preflight)"
+                self.preflights[None] = doc
+            return doc
         doc = {**run_preflight(self.proxy, self._context(), task, self.dir), "agent": self.agent.text}
         self.preflights[self.agent.text] = doc
         return doc
@@ -394,6 +401,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--image", metavar="IMAGE", help="docker image of the preflight's canary sample")
     p.add_argument("--agent", metavar="AGENT",
                    help="the agent to preflight now (default: none; an agent's first run preflights it)")
+    p.add_argument("--skip-preflight", action="store_true",
+                   help="the canary call only: no canary sample, for --agent or any run's agent (default: off)")
     p.add_argument("--preflight-task", metavar="TASK",
                    help="the task whose limits and agent/ the canary sample uses (default: an empty one)")
     p.add_argument("--parallel", type=int, default=os.cpu_count() or 1, metavar="N",

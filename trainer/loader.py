@@ -199,6 +199,7 @@ class Selection:
     sequences: list[SequenceTokens]
     counts: dict[str, int]
     notes: list[str]
+    stalenesses: list[int] = field(default_factory=list)  # every row's known staleness, left-out rows included
 
 
 def call_reasons(row: dict, calls: dict[str, CallInfo], leave_out_constrained: bool) -> dict[str, str]:
@@ -276,13 +277,15 @@ def select_rows(df: pl.DataFrame, calls: dict[str, CallInfo], *, leave_out_const
     of constrained calls, masked out; everything left out is counted."""
     counts = dict.fromkeys(COUNTS, 0)
     counts["rows"] = len(df)
-    kept = []
+    kept, seen = [], []
     ids, masks, lps = row_arrays(df) if len(df) else ([], [], [])
     for i, row in enumerate(df.drop("input_ids", "loss_mask", "logprobs").iter_rows(named=True)):
         why = _keep(row, lps[i] is not None, leave_out_flags)
         stale = staleness.of(row, calls) if staleness is not None else None
         if staleness is not None and stale is None:
             counts["staleness_unknown"] += 1
+        elif stale is not None and why is None:
+            seen.append(stale)
         if why is None and stale is not None and staleness.limit is not None and stale > staleness.limit:
             why = "left_out_stale"
         mask = masks[i].copy()
@@ -302,7 +305,7 @@ def select_rows(df: pl.DataFrame, calls: dict[str, CallInfo], *, leave_out_const
         if counts[f"{reason}_calls_left_out"]:
             notes.append(f"{counts[f'{reason}_calls_left_out']} call(s) {what}: their "
                          f"{counts[f'{reason}_tokens_left_out']} token(s) masked out")
-    return Selection(kept, counts, notes)
+    return Selection(kept, counts, notes, seen)
 
 
 # ---------------------------------------------------------------------------------------------------- batches
@@ -403,6 +406,7 @@ class MicroBatches:
         seqs = selection.sequences
         self.groups = [[seqs[i] for i in g] for g in group_indices([s.n_tokens for s in seqs], max_tokens, layout)]
         self.notes = list(selection.notes)
+        self.stalenesses = list(selection.stalenesses)
         over = [s for s in seqs if s.n_tokens > max_tokens]
         for s in over:
             self.notes.append(f"sequence {s.sequence_id} has {s.n_tokens} tokens > max_tokens {max_tokens}: "

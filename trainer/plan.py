@@ -78,6 +78,10 @@ def parser() -> argparse.ArgumentParser:
                    help="argument passed to polar-rollout, repeatable, e.g. --rollout-opt=--sandbox=none")
     p.add_argument("--vllm-run-file", default=None, metavar="F",
                    help="a running dev-mode vLLM serving --model (default: polar-train starts one)")
+    p.add_argument("--max-staleness", type=int, default=0, metavar="N",
+                   help="0: each step's rollout starts once the previous step has published (synchronous); N ≥ 1: "
+                        "a step's rollout starts as soon as the previous step's is in, and runs while that step "
+                        "trains — samples more than N versions behind the policy are left out (left_out_stale)")
     p.add_argument("--resume", action="store_true", help="continue the run in RUN")
     return p
 
@@ -112,6 +116,7 @@ class Plan:
     kl_initial: bool = True
     lr_source: str = "given"
     params: int | None = None
+    max_staleness: int = 0
 
     @classmethod
     def from_args(cls, args) -> "Plan":
@@ -125,7 +130,7 @@ class Plan:
                    seed=args.seed, keep_checkpoints=args.keep_checkpoints,
                    eval_tasks=[str(Path(t).resolve()) for t in args.eval_tasks], eval_every=args.eval_every,
                    eval_samples=args.eval_samples, kl_initial=args.kl_initial, lr_source=args.lr_source,
-                   params=args.params)
+                   params=args.params, max_staleness=args.max_staleness)
 
 
 # The learning rate when --lr is not given (measured on the tiny model: docs/training.md, "Measured"): a
@@ -170,6 +175,8 @@ def check_args(args) -> None:
     for name in ("steps", "samples", "micro_batch_tokens", "eval_every", "eval_samples"):
         if getattr(args, name) < 1:
             raise BadInput(f"--{name.replace('_', '-')} {getattr(args, name)}: must be ≥ 1")
+    if args.max_staleness < 0:
+        raise BadInput(f"--max-staleness {args.max_staleness}: must be ≥ 0 (0: synchronous)")
     for name in ("tasks_per_step", "mini_batches", "epochs", "keep_checkpoints"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise BadInput(f"--{name.replace('_', '-')} {getattr(args, name)}: must be ≥ 1")

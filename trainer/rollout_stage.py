@@ -1,7 +1,13 @@
-"""The rollout stage of a polar-train step (docs/architecture.md#the-trainer-side): polar-rollout, in the proxy's
-environment, runs the step's tasks (and, on evaluation steps, the held-out tasks at the same time); the trainer
-reads back what it wrote — RUN/steps/000N/run.json (whether processing succeeded) and results.jsonl (the rewards).
-The two environments meet only through files and commands."""
+"""The rollout stage of polar-train (docs/architecture.md#the-trainer-side): one `polar-rollout serve` for the whole
+run, in the proxy's environment — one proxy, one CA, one preflight — and one request per step (and per held-out
+evaluation) through its directory RUN/rollout (the protocol: polar.rollout.serve_protocol, standard library only,
+the one module of the rollout side the trainer imports). Each request is a polar-rollout RUN, RUN/steps/000N (or
+RUN/evals/000N); the trainer reads back what it wrote — run.json (whether processing succeeded) and results.jsonl
+(the rewards). The two environments meet only through files and commands.
+
+The serve's proxy lives across publications, so `proxies()` names its run file: publication holds it (in-flight
+calls drained, new ones wait), and releases it with the new version, which every later record carries. Requests may
+overlap training (--max-staleness): a step's samples may then be sampled by older versions."""
 
 from __future__ import annotations
 
@@ -10,9 +16,15 @@ import os
 import shlex
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from polar.rollout import serve_protocol as protocol
 from polar.trainer.plan import Plan, StageFailed, task_dirs, tasks_of_step
+
+# polar-rollout flags (`--rollout-opt`) that belong to the serve rather than to each run
+SERVE_FLAGS = ("--sandbox", "--image", "--parallel", "--confdir", "--npm-dir", "--skip-preflight", "--proxy-set")
+READY_TIMEOUT = 900.0  # the proxy's start and the preflight on a loaded machine (not a speed claim)
 
 
 def step_dir(run: Path, step: int) -> Path:
@@ -23,71 +35,177 @@ def version_of(step: int) -> str:
     return f"step-{step:04d}"
 
 
+def version_index(version: str | None) -> int | None:
+    """The number of one of polar-train's versions (step-000N → N); None for any other name."""
+    if version and version.startswith("step-") and version[5:].isdigit():
+        return int(version[5:])
+    return None
+
+
 def eval_dir(run: Path, step: int) -> Path:
     return run / "evals" / f"{step:04d}"
 
 
-def rollout_cmd(plan: Plan, run: Path, step: int, url: str, out: Path, tasks: list[str], samples: int,
-                run_id: str) -> list[str]:
-    """polar-rollout's command line for one RUN (continued with --resume when it already exists)."""
-    cmd = shlex.split(plan.rollout_cmd)
-    if (out / "run.json").is_file():
-        cmd += ["--resume", "--out", str(out)]
-    else:
-        cmd += [*tasks, "--agent", plan.agent, "--out", str(out), "--samples", str(samples),
-                "--run-id", run_id, "--upstream", url,
-                "--proxy-set", "polar_exact=true", "--proxy-set", f"polar_sampling_override={plan.sampling}",
-                # the model's own tokenizer names its end-of-turn ids: a step whose completions all ran into
-                # max_tokens (a random policy's) has no natural stop to take them from
-                f"--process-opt=--tokenizer={plan.model}", *plan.rollout_opt]
-    return cmd
+def split_opts(opts: list[str]) -> tuple[list[str], list[str]]:
+    """--rollout-opt arguments → (the serve's, each run's)."""
+    serve, each = [], []
+    it = iter(opts)
+    for opt in it:
+        flag = opt.split("=", 1)[0]
+        if flag in SERVE_FLAGS:
+            serve.append(opt)
+            if "=" not in opt and flag != "--skip-preflight":
+                serve.append(next(it, ""))
+        else:
+            each.append(opt)
+    return serve, each
 
 
-def _spawn(cmd: list[str], log_path: Path) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in ("HTTPS_PROXY", "https_proxy", "VIRTUAL_ENV")}
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "a", encoding="utf-8")
-    log.write(f"$ {shlex.join(cmd)}\n")
-    log.flush()
-    try:
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, stdin=subprocess.DEVNULL)
-    finally:
-        log.close()
+@dataclass
+class Started:
+    """A step's requests in flight: the step's own and, on evaluation steps, the held-out one."""
+
+    step: int
+    name: str
+    eval_name: str | None
+    t0: float
 
 
-def rollout(plan: Plan, run: Path, step: int, url: str, evaluate: bool = False) -> tuple[dict, float, dict | None]:
-    """polar-rollout for the step's tasks (and, with `evaluate`, at the same time for the held-out tasks: no
-    update follows from those); (its run.json, seconds, the evaluation's rewards or None)."""
-    out = step_dir(run, step)
-    t0 = time.monotonic()
-    proc = _spawn(rollout_cmd(plan, run, step, url, out, tasks_of_step(plan, step), plan.samples,
-                              f"{run.name}-{version_of(step)}"), run / "steps" / f"{step:04d}.log")
-    ev = None
-    if evaluate:
-        ev_out = eval_dir(run, step)
-        ev = _spawn(rollout_cmd(plan, run, step, url, ev_out, task_dirs(plan.eval_tasks), plan.eval_samples,
-                                f"{run.name}-eval-{step:04d}") + ["--no-process"], run / "evals" / f"{step:04d}.log")
-    try:
-        code = proc.wait()
-        seconds = time.monotonic() - t0
-        ev_code = ev.wait() if ev is not None else None
-    except BaseException:
-        for pr in (proc, ev):
-            if pr is not None and pr.poll() is None:
-                pr.terminate()
-        raise
-    if code != 0 or not (out / "run.json").is_file():
-        raise StageFailed(step, "rollout", f"polar-rollout exit {code} (log: {run}/steps/{step:04d}.log)")
-    evaluation = None
-    if ev is not None:
-        if ev_code != 0 or not (eval_dir(run, step) / "results.jsonl").is_file():
-            raise StageFailed(step, "evaluation", f"polar-rollout exit {ev_code} (log: {run}/evals/{step:04d}.log)")
-        evaluation = rewards_of(eval_dir(run, step))
-    doc = json.loads((out / "run.json").read_text())
-    processed = doc.get("processed") or {}
-    if processed.get("exit") != 0 or not (out / "out" / "batches").is_dir():
-        raise StageFailed(step, "process", f"polar-process exit {processed.get('exit')} ({out}/process.log)")
-    return doc, seconds, evaluation
+class RolloutService:
+    """`polar-rollout serve RUN/rollout` for the run: `start()` once, `submit(step)` per step, `finish(started)` for
+    its results, `stop()` at the end (it also ends by itself when this process is gone: --parent-pid)."""
+
+    def __init__(self, plan: Plan, run: Path, url: str):
+        self.plan, self.run, self.url = plan, run, url
+        self.dir = run / "rollout"
+        self.proc: subprocess.Popen | None = None
+        self.ready: protocol.Ready | None = None
+        self.each_run: list[str] = split_opts(plan.rollout_opt)[1]
+
+    def command(self) -> list[str]:
+        serve_opts = split_opts(self.plan.rollout_opt)[0]
+        return [*shlex.split(self.plan.rollout_cmd), "serve", str(self.dir), "--upstream", self.url,
+                "--agent", self.plan.agent, "--parent-pid", str(os.getpid()),
+                "--proxy-set", "polar_exact=true", "--proxy-set", f"polar_sampling_override={self.plan.sampling}",
+                *serve_opts]
+
+    def start(self) -> protocol.Ready:
+        self._end_earlier_serve()
+        for stale in (protocol.READY, protocol.ENDED, protocol.STOP):  # --resume: an earlier serve's files
+            (self.dir / stale).unlink(missing_ok=True)
+        for req in (self.dir / protocol.REQUESTS).glob("*.json"):  # asked by a trainer that is gone: asked again
+            if not protocol.response_path(self.dir, req.stem).exists():
+                req.unlink()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("HTTPS_PROXY", "https_proxy", "VIRTUAL_ENV")}
+        cmd = self.command()
+        with open(self.dir / "serve.log", "a", encoding="utf-8") as log:
+            log.write(f"$ {shlex.join(cmd)}\n")
+            log.flush()
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.ready = protocol.wait_ready(self.dir, READY_TIMEOUT, pid=self.proc.pid)
+        except (protocol.ServeEnded, TimeoutError) as exc:
+            self.stop()
+            raise StageFailed(0, "rollout serve", f"{exc} (log: {self.dir}/serve.log)") from None
+        return self.ready
+
+    def _end_earlier_serve(self) -> None:
+        """--resume after a kill: the serve of the killed trainer ends by itself (--parent-pid) but holds DIR until
+        it has cancelled its runs; ask it to end now and wait for it."""
+        try:
+            doc = json.loads((self.dir / protocol.READY).read_text())
+        except (OSError, ValueError):
+            return
+        pid = doc.get("pid") if isinstance(doc, dict) else None
+        if isinstance(pid, int) and protocol.pid_start(pid) is not None and protocol.pid_start(pid) == doc.get(
+                "pid_start"):
+            protocol.request_stop(self.dir)
+            deadline = time.monotonic() + READY_TIMEOUT
+            while protocol.pid_start(pid) is not None and time.monotonic() < deadline:
+                time.sleep(protocol.POLL_S)
+
+    def proxies(self) -> list[str]:
+        """The run files of the proxies a publication must hold: the serve's."""
+        return [self.ready.proxy_json] if self.ready is not None else []
+
+    def _request(self, out: Path, tasks: list[str], samples: int, run_id: str, process: bool) -> protocol.RolloutRequest:
+        if (out / "run.json").is_file():  # a step cut short: continue it, finished samples kept
+            return protocol.RolloutRequest(out=str(out), resume=True, log=str(out.with_suffix(".log")))
+        # the model's own tokenizer names its end-of-turn ids: a step whose completions all ran into max_tokens (a
+        # random policy's) has no natural stop to take them from
+        return protocol.RolloutRequest(
+            out=str(out), tasks=tuple(tasks), agent=self.plan.agent, samples=samples, run_id=run_id,
+            no_process=not process, process_opt=(f"--tokenizer={self.plan.model}",) if process else (),
+            extra_args=tuple(self.each_run), log=str(out.with_suffix(".log")))
+
+    def submit(self, step: int, evaluate: bool = False) -> Started:
+        """Ask for step `step`'s rollout (and, with `evaluate`, the held-out tasks' beside it: no update follows
+        from those)."""
+        plan, run = self.plan, self.run
+        t0 = time.monotonic()
+        out = step_dir(run, step)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        name = protocol.submit(self.dir, self._request(out, tasks_of_step(plan, step), plan.samples,
+                                                       f"{run.name}-{version_of(step)}", True),
+                               name=_fresh(self.dir, f"step-{step:04d}"))
+        eval_name = None
+        if evaluate:
+            ev_out = eval_dir(run, step)
+            ev_out.parent.mkdir(parents=True, exist_ok=True)
+            eval_name = protocol.submit(self.dir, self._request(ev_out, task_dirs(plan.eval_tasks),
+                                                                plan.eval_samples, f"{run.name}-eval-{step:04d}",
+                                                                False), name=_fresh(self.dir, f"eval-{step:04d}"))
+        return Started(step, name, eval_name, t0)
+
+    def finish(self, started: Started) -> tuple[dict, float, dict | None]:
+        """(the step's run.json, seconds from its request to its answer, the evaluation's rewards or None)."""
+        step, run = started.step, self.run
+        answer = self._wait(step, started.name, "rollout")
+        seconds = answer.seconds
+        out = step_dir(run, step)
+        if answer.exit != 0 or not (out / "run.json").is_file():
+            raise StageFailed(step, "rollout", f"polar-rollout exit {answer.exit}: {answer.error or 'see its log'} "
+                                               f"(log: {answer.log})")
+        evaluation = None
+        if started.eval_name is not None:
+            ev = self._wait(step, started.eval_name, "evaluation")
+            if ev.exit != 0 or not (eval_dir(run, step) / "results.jsonl").is_file():
+                raise StageFailed(step, "evaluation", f"polar-rollout exit {ev.exit}: {ev.error or 'see its log'} "
+                                                      f"(log: {ev.log})")
+            evaluation = rewards_of(eval_dir(run, step))
+        doc = json.loads((out / "run.json").read_text())
+        processed = doc.get("processed") or {}
+        if processed.get("exit") != 0 or not (out / "out" / "batches").is_dir():
+            raise StageFailed(step, "process", f"polar-process exit {processed.get('exit')} ({out}/process.log)")
+        return doc, seconds, evaluation
+
+    def _wait(self, step: int, name: str, stage: str) -> protocol.RolloutResponse:
+        try:
+            return protocol.wait(self.dir, name)
+        except protocol.ServeEnded as exc:
+            raise StageFailed(step, stage, f"{exc} (log: {self.dir}/serve.log)") from None
+
+    def stop(self) -> None:
+        """End the serve (its proxy with it) and wait for it; kill it if it does not end."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        protocol.request_stop(self.dir)
+        try:
+            self.proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+
+
+def _fresh(directory: Path, base: str) -> str:
+    """A request name not used yet in `directory` (a resumed step asks again under a new name)."""
+    name, n = base, 1
+    while protocol.request_path(directory, name).exists() or protocol.response_path(directory, name).exists():
+        n += 1
+        name = f"{base}.{n}"
+    return name
 
 
 def rewards_of(out: Path) -> dict:

@@ -63,16 +63,19 @@ from polar.launch import paths
 from polar.launch import publish as publishing
 from polar.launch import vllm as launch_vllm
 from polar.launch.runfiles import VllmRunFile
+from polar.processor.report_doc import read_report
 from polar.trainer import has_trainer_env, needs_trainer_env
 from polar.trainer.plan import (BadInput, Plan, StageFailed, check_args, count_params, default_lr,  # noqa: F401
                                 parser, task_dirs, tasks_of_step)
-from polar.trainer.rollout_stage import eval_dir, rewards_of, rollout, step_dir, version_of  # noqa: F401
+from polar.trainer.rollout_stage import (RolloutService, eval_dir, rewards_of, step_dir, version_index,  # noqa: F401
+                                         version_of)
 
 NEEDS_TRAIN = needs_trainer_env("polar-train")
 TRAIN_FIELDS = ("step", "weight_version", "samples", "statuses", "reward_mean", "reward_mean_per_group",
                 "verify_median_abs_gap", "verify_share_within", "ratio_mean", "ratio_max", "clip_share", "tis_share",
                 "loss", "tokens_forward", "tokens_trainable", "seconds", "reward_std", "groups",
-                "groups_without_spread", "updates", "response_len", "entropy", "kl_initial", "eval_reward", "tasks", "published")
+                "groups_without_spread", "updates", "response_len", "entropy", "kl_initial", "eval_reward", "tasks", "published",
+                "staleness", "left_out_stale", "clip_share_by_staleness", "rollout_wait")
 STAGES = ("rollout", "process", "verify", "train", "reload")
 
 
@@ -129,10 +132,11 @@ def base_url(run_file: str) -> str:
     return server_info(run_file).base_url
 
 
-def reload(step: int, run_file: str, weights: Path, version: str) -> float:
+def reload(step: int, run_file: str, weights: Path, version: str, proxies: list[str] | None = None) -> float:
+    """Publish `weights` as `version`, holding `proxies` (the rollout stage's) meanwhile; the seconds it took."""
     t0 = time.monotonic()
     try:
-        done = publishing.publish([run_file], weights, version, log=_say)
+        done = publishing.publish([run_file], weights, version, proxies=proxies or [], log=_say)
     except launch_vllm.Fail as exc:
         raise StageFailed(step, "reload", _first_line(exc)) from None
     if done.problems:
@@ -157,18 +161,20 @@ def verify(step: int, out: Path, trainer: "Trainer", serving: str, weights: str)
         verifier.run(args, loaded={weights: trainer.model}, say=lambda line: print(line, file=sys.stderr, flush=True))
     except verifier.BadInput as exc:
         raise StageFailed(step, "verify", f"polar-verify {out}: {exc}") from None
-    report = json.loads((out / "report.json").read_text())
-    return report.get("verify") or {}, time.monotonic() - t0
+    return read_report(out / "report.json").verify or {}, time.monotonic() - t0
 
 
 def load_batches(step: int, trainer: "Trainer", out: Path, required: bool = True):
-    from polar.trainer.loader import micro_batches
+    """The step's micro-batches; rows staler than --max-staleness behind the policy in memory are left out."""
+    from polar.trainer.loader import Staleness, micro_batches
 
+    rule = Staleness(current=version_index(trainer.version) or 0, index=version_index,
+                     limit=trainer.plan.max_staleness)
     # a context_mismatch sequence's recorded logprobs were sampled under another context than the one it holds:
     # they are no π_old for it (slime drops such samples too: remove_sample)
     batches = micro_batches(str(out / "batches"), trainer.plan.micro_batch_tokens, layout="per_sequence",
-                            leave_out_flags=("context_mismatch",))
-    if required and not batches.counts.get("tokens_trainable"):
+                            leave_out_flags=("context_mismatch",), staleness=rule)
+    if required and not batches.counts.get("tokens_trainable") and not batches.counts.get("left_out_stale"):
         raise StageFailed(step, "train", f"no trainable token in {out}/batches ({batches.counts})")
     return batches
 
@@ -208,6 +214,8 @@ class Trainer:
     optimizer: object
     config: object
     reference: object = None  # the initial policy, frozen (--kl-initial)
+    weights: str = ""  # the directory the model in memory was saved to (or loaded from)
+    version: str = ""  # its version: what the server serves
 
     @classmethod
     def load(cls, plan: Plan, weights: str) -> "Trainer":
@@ -227,7 +235,7 @@ class Trainer:
             reference = load_model(plan.model, plan.dtype)
             reference.requires_grad_(False)
         return cls(plan=plan, model=model, optimizer=grpo.make_optimizer(model, config), config=config,
-                   reference=reference)
+                   reference=reference, weights=str(weights))
 
 
 def evaluates(plan: Plan, step: int) -> bool:
@@ -236,16 +244,14 @@ def evaluates(plan: Plan, step: int) -> bool:
     return bool(plan.eval_tasks) and ((step - 1) % plan.eval_every == 0 or step == plan.steps)
 
 
-def run_step(step: int, trainer: Trainer, run: Path, run_file: str, weights: str) -> dict:
-    """Rollout → verify → train → checkpoint → reload; the step's train.jsonl line. A step where no group has a
-    reward spread (every advantage 0) makes no update; one whose update cannot change the weights (--lr 0) keeps
-    them: either way no checkpoint and no publication — the same version keeps serving."""
+def run_step(step: int, trainer: Trainer, run: Path, run_file: str, rolled: tuple, stage: RolloutService) -> dict:
+    """Verify → train → checkpoint → reload, once the step's rollout (`rolled`: RolloutService.finish and the
+    seconds the trainer waited for it) is in; the step's train.jsonl line. A step where no group has a reward spread
+    (every advantage 0) makes no update; one whose update cannot change the weights (--lr 0) keeps them: either way
+    no checkpoint and no publication — the same version keeps serving."""
     plan = trainer.plan
-    serving = server_info(run_file).weight_version
-    tasks = tasks_of_step(plan, step)
-    _say_step(f"step {step}/{plan.steps}: rollout of {len(tasks)} task(s) × {plan.samples} on {serving}"
-              + (", with the held-out evaluation" if evaluates(plan, step) else ""))
-    doc, t_rollout, evaluation = rollout(plan, run, step, base_url(run_file), evaluates(plan, step))
+    (doc, t_rollout, evaluation), waited = rolled
+    serving, weights = trainer.version, trainer.weights
     out = step_dir(run, step) / "out"
     t_process = float((doc.get("processed") or {}).get("seconds") or 0.0)
     r = rewards_of(step_dir(run, step))
@@ -258,17 +264,27 @@ def run_step(step: int, trainer: Trainer, run: Path, run_file: str, weights: str
     publish = signal and plan.lr > 0
     why = None if publish else ("no reward spread: no update" if not signal else "--lr 0: weights unchanged")
     line = step_line(step, plan, serving, r, m, summary, evaluation, why)
+    line.update(staleness=staleness_stats(batches.stalenesses), left_out_stale=batches.counts.get("left_out_stale", 0),
+                clip_share_by_staleness=m.get("clip_share_by_staleness") or {})
     line["seconds"] = {"rollout": round(t_rollout - t_process, 2), "process": round(t_process, 2),
                        "verify": round(t_verify, 2), "train": 0.0, "reload": 0.0}
+    line["rollout_wait"] = round(waited, 2)  # of `rollout`, what the trainer waited for (less when it overlaps)
     line["checkpoint"] = weights
     if publish:
         line["checkpoint"] = str(run / "checkpoints" / version_of(step))
         line["seconds"]["train"] = round(time.monotonic() - t0, 2)
         save(trainer, line)
         crash_point("checkpoint", step)
-        return finish(line, trainer.plan, run, run_file)
+        return finish(line, trainer.plan, run, run_file, stage.proxies())
     line["seconds"]["train"] = round(time.monotonic() - t0, 2)
     return line
+
+
+def staleness_stats(values: list[int]) -> dict:
+    """train.jsonl's `staleness`: min, mean and max over the step's rows whose staleness is known."""
+    if not values:
+        return {"min": None, "mean": None, "max": None}
+    return {"min": min(values), "mean": sum(values) / len(values), "max": max(values)}
 
 
 def step_line(step: int, plan: Plan, serving: str, r: dict, m: dict, summary: dict, evaluation: dict | None,
@@ -303,12 +319,12 @@ def save(trainer: Trainer, line: dict) -> None:
                                                   line=line))
 
 
-def finish(line: dict, plan: Plan, run: Path, run_file: str) -> dict:
+def finish(line: dict, plan: Plan, run: Path, run_file: str, proxies: list[str]) -> dict:
     """Publish a saved step's checkpoint and prune the old ones; the line with its reload time. --resume calls it
     too, for a step killed after its checkpoint (publishing the same weights twice is harmless)."""
     ckpt = Path(line["checkpoint"])
     line = {**line, "seconds": {**line["seconds"], "reload": 0.0}}
-    line["seconds"]["reload"] = round(reload(line["step"], run_file, ckpt, version_of(line["step"])), 2)
+    line["seconds"]["reload"] = round(reload(line["step"], run_file, ckpt, version_of(line["step"]), proxies), 2)
     crash_point("publication", line["step"])
     if plan.keep_checkpoints:
         prune_checkpoints(run, plan.keep_checkpoints, keep=ckpt)
@@ -358,6 +374,8 @@ def prepare(args) -> tuple[Plan, Path]:
 
 
 def loop(plan: Plan, run: Path) -> int:
+    """The steps, from the first not in train.jsonl to --steps. Step N's rollout is asked for when step N−1 has
+    published (--max-staleness 0), or as soon as step N−1's own rollout is in (≥ 1: it runs while N−1 trains)."""
     from polar.trainer.report import write_report
 
     lines = read_lines(run)
@@ -366,31 +384,46 @@ def loop(plan: Plan, run: Path) -> int:
     version = version_of(done) if done == 0 else lines[-1].get("serving_after") or version_of(done)
     _say_step(f"lr {plan.lr:g} ({plan.lr_source}), {plan.mini_batches} mini-batch(es) × {plan.epochs} epoch(s) per "
               f"step, seed {plan.seed}, {len(task_dirs(plan.tasks))} task(s)"
-              + (f", {plan.tasks_per_step} per step" if plan.tasks_per_step else ""))
+              + (f", {plan.tasks_per_step} per step" if plan.tasks_per_step else "")
+              + (f", rollouts up to {plan.max_staleness} version(s) ahead" if plan.max_staleness else ""))
     run_file, ours = start_server(plan, run)
+    stage = RolloutService(plan, run, base_url(run_file))
     try:
         # the server serves exactly the weights the trainer starts from, under a version of this run (step-0000:
-        # --model; on --resume the last checkpoint), whatever it served before
+        # --model; on --resume the last checkpoint), whatever it served before; the serve's proxy starts after it
         reload(done, run_file, Path(weights), version)
         trainer = Trainer.load(plan, weights)
-        done = resume_pending(trainer, run, run_file, done)
-        weights = read_lines(run)[-1]["checkpoint"] if done else weights
+        trainer.version = version
+        _say_step(f"starting the rollout stage (polar-rollout serve {stage.dir}: one proxy, one preflight)")
+        stage.start()
+        done = resume_pending(trainer, run, run_file, done, stage)
+        ahead = None
         for step in range(done + 1, plan.steps + 1):
-            line = run_step(step, trainer, run, run_file, weights)
+            started = ahead or stage.submit(step, evaluates(plan, step))
+            _say_step(f"step {step}/{plan.steps}: rollout of {len(tasks_of_step(plan, step))} task(s) × "
+                      f"{plan.samples}, policy {trainer.version}"
+                      + (", with the held-out evaluation" if started.eval_name else ""))
+            t0 = time.monotonic()
+            rolled = (stage.finish(started), time.monotonic() - t0)
+            ahead = stage.submit(step + 1, evaluates(plan, step + 1)) \
+                if plan.max_staleness and step < plan.steps else None
+            line = run_step(step, trainer, run, run_file, rolled, stage)
             append_line(run, line)
-            weights = line["checkpoint"]
+            trainer.weights, trainer.version = line["checkpoint"], line["serving_after"]
             write_report(run, read_lines(run))
             _say_step(step_summary(line))
     finally:
+        stage.stop()
         if ours:
             launch_vllm.stop(run_file, log=_say)
     write_report(run, read_lines(run))
     return 0
 
 
-def resume_pending(trainer: Trainer, run: Path, run_file: str, done: int) -> int:
+def resume_pending(trainer: Trainer, run: Path, run_file: str, done: int, stage: RolloutService) -> int:
     """--resume: the optimizer and RNGs of the last checkpoint; a step trained and saved but killed before its line
     (during publication or just before) is published and its line appended, not trained again. The last step done."""
+    from polar.trainer import grpo
     from polar.trainer.recompute import load_model
     from polar.trainer.state import read_state, restore
 
@@ -399,14 +432,14 @@ def resume_pending(trainer: Trainer, run: Path, run_file: str, done: int) -> int
     if state is not None:
         trainer.model = load_model(str(ckpt), trainer.plan.dtype)
         trainer.model.requires_grad_(True)
-        from polar.trainer import grpo
-
         trainer.optimizer = grpo.make_optimizer(trainer.model, trainer.config)
         restore(state, trainer.optimizer)
         _say_step(f"step {done + 1}: trained and saved before the stop; publishing {ckpt.name}")
-        append_line(run, finish(state["line"], trainer.plan, run, run_file))
+        line = finish(state["line"], trainer.plan, run, run_file, stage.proxies())
+        append_line(run, line)
+        trainer.weights, trainer.version = line["checkpoint"], line["serving_after"]
         return done + 1
-    last = read_state(Path(read_lines(run)[-1]["checkpoint"])) if done else None
+    last = read_state(Path(trainer.weights)) if done else None
     if last is not None:
         restore(last, trainer.optimizer)
     return done
@@ -425,6 +458,8 @@ def step_summary(ln: dict) -> str:
             f"without spread, {ln.get('updates')} update(s), entropy {fmt(ln.get('entropy'))}, KL to initial "
             f"{fmt(ln.get('kl_initial'), '.3g')}"
             + (f", eval reward {fmt(ln['eval_reward'])}" if ln.get("eval_reward") is not None else "")
+            + (f"; staleness max {ln['staleness']['max']}, {ln.get('left_out_stale')} left out as stale"
+               if (ln.get("staleness") or {}).get("max") else "")
             + (f"; {ln['no_publication']}, {ln['serving_after']} keeps serving" if ln.get("no_publication") else ""))
 
 

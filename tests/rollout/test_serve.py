@@ -238,3 +238,22 @@ def test_3_1_a_request_round_trips_and_is_polar_rollouts_command_line():
     assert sp.RolloutRequest.from_json(json.loads(json.dumps(req.to_json()))) == req
     assert req.argv() == ["t1", "t2", "--agent", "pi", "--out", "RUN", "--samples", "8", "--run-id", "x",
                           "--agent-timeout", "30.0", "--resume", "--process-opt=--tokenizer=M", "--retry-infra", "1"]
+
+
+def test_2_5_skip_preflight_is_the_canary_call_alone_for_every_agent(tmp_path, upstream):
+    """--skip-preflight: ready.json's preflight passed on the canary call alone; a run of the agent gets that one
+    (no canary sample of its own: no preflight session in its run)."""
+    task = make_task(tmp_path / "tasks", "six-s", "solve").parent
+    proc = _start(tmp_path / "s", upstream.base_url, "--sandbox", "none", "--agent", AGENT, "--skip-preflight")
+    ready = _ready(tmp_path / "s", proc)
+    try:
+        assert ready.preflight["passed"] is True and ready.preflight["canary_sample"].startswith("skipped")
+        name = sp.submit(tmp_path / "s", _request(tmp_path, "run", task, 2, "skip-run"))
+        answer = sp.wait(tmp_path / "s", name, RUN_S)
+        assert answer.exit == 0, answer
+        doc = json.loads((tmp_path / "run" / "run.json").read_text())
+        assert doc["preflight"]["canary_sample"].startswith("skipped") and doc["preflight"]["served_by"]
+        assert not (tmp_path / "run" / "preflight").exists()
+    finally:
+        sp.request_stop(tmp_path / "s")
+        _ended(proc, tmp_path / "s")
