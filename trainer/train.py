@@ -158,7 +158,8 @@ def verify(step: int, out: Path, trainer: "Trainer", serving: str, weights: str)
     args = verifier.parser().parse_args([str(out), "--model", f"{serving}={weights}", "--dtype", trainer.plan.dtype,
                                          "--max-median", "0"])
     try:
-        verifier.run(args, loaded={weights: trainer.model}, say=lambda line: print(line, file=sys.stderr, flush=True))
+        verifier.run(args, loaded={weights: trainer.model}, say=lambda line: print(line, file=sys.stderr, flush=True),
+                     nothing_ok=trainer.plan.max_staleness > 0)
     except verifier.BadInput as exc:
         raise StageFailed(step, "verify", f"polar-verify {out}: {exc}") from None
     return read_report(out / "report.json").verify or {}, time.monotonic() - t0

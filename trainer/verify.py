@@ -334,9 +334,10 @@ def summary_line(s: dict) -> str:
 
 # ---------------------------------------------------------------------------------------------------- main
 
-def run(args, loaded: dict | None = None, say=print) -> int:
+def run(args, loaded: dict | None = None, say=print, nothing_ok: bool = False) -> int:
     """Check, recompute, write; the exit code. `loaded`: {DIR: model in memory} (see recompute); `say` gets the
-    summary line."""
+    summary line; `nothing_ok`: no token to check (every one of a version without a DIR) is a summary with nothing
+    checked, not bad input (polar-train, whose stale samples are left to a standalone polar-verify)."""
     from polar.processor.trainer_files import file_sha256
     from polar.trainer.loader import read_calls, row_arrays
 
@@ -354,7 +355,7 @@ def run(args, loaded: dict | None = None, say=print) -> int:
     for i, row in enumerate(df.drop("input_ids", "loss_mask", "logprobs").iter_rows(named=True)):
         arrays[row["sequence_id"]] = (ids[i], lps[i])
         parts.extend(plan_row(row, masks[i], lps[i] is not None, calls, models))
-    if not any(p.check.any() for p in parts):
+    if not nothing_ok and not any(p.check.any() for p in parts):
         lacking = sorted({str(p.version) for p in parts if "no_model" in p.flags})
         raise BadInput("no token to check" + (f": no --model for weight version(s) {', '.join(lacking)} (pass "
                                               "--model VERSION=DIR)" if lacking else f" in {path}"))
