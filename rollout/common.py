@@ -3,6 +3,7 @@ error a run reports as a line (`UsageError`), the cancel flag, and JSON files wr
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import threading
@@ -60,3 +61,15 @@ def tail(path: Path, n: int = 800) -> str:
             return fh.read().decode("utf-8", "replace").strip()
     except OSError:
         return ""
+
+
+def lock_dir(directory: Path, held: str) -> int:
+    """An exclusive lock on `directory`/.lock, held while the returned descriptor is open; UsageError(`held`) when
+    another process holds it."""
+    fd = os.open(Path(directory) / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise UsageError(held) from None
+    return fd

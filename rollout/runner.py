@@ -35,7 +35,6 @@ this process, so results.jsonl has one writer.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import re
 import sys
@@ -44,7 +43,7 @@ from pathlib import Path
 from polar.launch import paths
 from polar.rollout import proxyctl, resume
 from polar.rollout.agentcmd import IN_AGENT_DIR, IN_LIB, IN_NPM, IN_TESTS, IN_VENV, IN_VERIFIER  # noqa: F401
-from polar.rollout.common import CANCEL, PREFLIGHT, VERSION, UsageError, now, read_json, write_json
+from polar.rollout.common import CANCEL, PREFLIGHT, VERSION, UsageError, lock_dir, now, read_json, write_json
 from polar.rollout.flowwatch import FlowCounter, flow_counter  # noqa: F401
 from polar.rollout.job import AgentSpec, SampleContext, SampleJob  # noqa: F401
 from polar.rollout.ledger import (REWARDED, RESULT_FIELDS, STATUSES, ResultRow, Results,  # noqa: F401
@@ -202,13 +201,7 @@ class Runner:
         return run_id
 
     def _lock(self) -> None:
-        fd = os.open(self.run_dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise UsageError(f"another polar-rollout runs on {self.run_dir} (its lock is held)") from None
-        self._lock_fd = fd
+        self._lock_fd = lock_dir(self.run_dir, f"another polar-rollout runs on {self.run_dir} (its lock is held)")
 
     def _save_run_doc(self) -> None:
         write_json(self.run_dir / "run.json", self.run_doc)

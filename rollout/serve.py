@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import fcntl
 import os
 import signal
 import sys
@@ -39,7 +38,7 @@ from polar.launch import paths
 from polar.launch import proxy as launch_proxy
 from polar.rollout import proxyctl, runflows
 from polar.rollout import serve_protocol as sp
-from polar.rollout.common import CANCEL, PREFLIGHT, UsageError, now, read_json
+from polar.rollout.common import CANCEL, PREFLIGHT, UsageError, lock_dir, now, read_json
 from polar.rollout.job import AgentSpec, SampleContext
 from polar.rollout.options import check_proxy_sets
 from polar.rollout.preflight import canary_call, run_preflight
@@ -258,14 +257,8 @@ class Serve:
                             solution_dir=None, agent_dir=None)
 
     def _lock(self) -> None:
-        fd = os.open(self.dir / ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)
-            raise UsageError(f"another polar-rollout serve runs on {self.dir} (its lock is held); stop it "
-                             f"(touch {self.dir / sp.STOP}) or choose another DIR") from None
-        self._lock_fd = fd
+        self._lock_fd = lock_dir(self.dir, f"another polar-rollout serve runs on {self.dir} (its lock is held); "
+                                           f"stop it (touch {self.dir / sp.STOP}) or choose another DIR")
 
     def _preflight(self, task) -> dict:
         """The canary call; with --agent, its canary sample too (run_preflight): ready.json's `preflight`. With

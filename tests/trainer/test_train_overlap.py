@@ -20,6 +20,7 @@ from tests.trainer.conftest import ANSWER_AGENT, TRAIN_TASK
 from tests.trainer.test_train import TINY, _restore, _train
 
 pytestmark = pytest.mark.vllm
+OUTPUT: dict = {}  # the run's stdout (test_5)
 
 
 @pytest.fixture(scope="module")
@@ -32,6 +33,7 @@ def overlapped(dev_server, tmp_path_factory):
     finally:
         _restore(dev_server)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    OUTPUT["stdout"] = proc.stdout
     return run, [json.loads(x) for x in (run / "train.jsonl").read_text().splitlines()], proc.stderr
 
 
@@ -81,3 +83,13 @@ def test_4_every_step_trained_and_published(overlapped):
     assert [ln["weight_version"] for ln in lines] == ["step-0000", "step-0001", "step-0002"]
     assert all((run / "checkpoints" / f"step-{s:04d}" / "config.json").is_file() for s in (1, 2, 3))
     assert "rollouts up to 1 version(s) ahead" in stderr.splitlines()[0]
+
+
+def test_5_every_line_is_on_stderr_as_it_happens(overlapped):
+    """polar-train says what it does from its first line (the picked settings, then the rollout stage's start,
+    before any step) and writes nothing to stdout: its verify summaries, step lines and vLLM lines share stderr."""
+    _, _, stderr = overlapped
+    assert OUTPUT["stdout"] == ""
+    lines = stderr.splitlines()
+    assert lines[0].startswith("polar-train: lr ") and lines[1].startswith("polar-train: starting the rollout stage")
+    assert sum(1 for ln in lines if ln.startswith("polar-verify: ")) == 3
