@@ -22,8 +22,6 @@ from pathlib import Path
 from polar.rollout import serve_protocol as protocol
 from polar.trainer.plan import Plan, StageFailed, task_dirs, tasks_of_step
 
-# polar-rollout flags (`--rollout-opt`) that belong to the serve rather than to each run
-SERVE_FLAGS = ("--sandbox", "--image", "--parallel", "--confdir", "--npm-dir", "--skip-preflight", "--proxy-set")
 READY_TIMEOUT = 900.0  # the proxy's start and the preflight on a loaded machine (not a speed claim)
 
 
@@ -52,9 +50,9 @@ def split_opts(opts: list[str]) -> tuple[list[str], list[str]]:
     it = iter(opts)
     for opt in it:
         flag = opt.split("=", 1)[0]
-        if flag in SERVE_FLAGS:
+        if flag in protocol.SERVE_FLAGS:
             serve.append(opt)
-            if "=" not in opt and flag != "--skip-preflight":
+            if "=" not in opt and flag not in protocol.SERVE_SWITCHES:
                 serve.append(next(it, ""))
         else:
             each.append(opt)
