@@ -232,7 +232,8 @@ class Call:
         def shaped(**prompt) -> Shaped:
             return shape(plan.chat, backend=info, agent_top_logprobs=plan.agent_top_logprobs,
                          logprobs_mode=self.settings.logprobs_mode, sampling_override=self.settings.sampling_override,
-                         thinking=plan.extra.get("thinking"), thinking_kwarg=self.settings.thinking_kwarg, **prompt)
+                         thinking=plan.extra.get("thinking"), thinking_kwarg=self.settings.thinking_kwarg,
+                         session=self.rec.record.get("session"), **prompt)
 
         result = None
         if self.settings.exact is not None:

@@ -23,8 +23,11 @@ from typing import Any, Callable, Optional
 
 from . import hosts as hostlist
 
+# seed: one seed for every call (K samples of one prompt are then K copies); seed_per_call: a seed of its own for each
+# call, derived from the value, the call's session and its prompt (addon/shaping.py: call_seed), so a rollout is
+# reproducible and K samples still differ.
 SAMPLING_OVERRIDE_KEYS = {"temperature": float, "top_p": float, "top_k": int, "min_p": float, "seed": int,
-                          "repetition_penalty": float}
+                          "seed_per_call": int, "repetition_penalty": float}
 
 
 class OptionError(ValueError):
@@ -109,7 +112,8 @@ OPTIONS: tuple[Option, ...] = (
            "chat_template_kwargs key for thinking on/off (unset: thinking controls are not mapped).",
            "an identifier such as enable_thinking, or unset"),
     Option("polar_sampling_override", Optional[str], None,
-           "Sampling applied to every generation, e.g. temperature=1.6,top_p=1.0.",
+           "Sampling applied to every generation, e.g. temperature=1.6,top_p=1.0 (seed_per_call=S: each call's own"
+           " seed, from S, its session and its prompt).",
            "comma-separated name=number entries, names from " + ", ".join(SAMPLING_OVERRIDE_KEYS)),
     Option("polar_exact", bool, False,
            "Exact on-policy mode: splice the sampled ids into the next prompt (vLLM 0.30+).",

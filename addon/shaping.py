@@ -6,6 +6,7 @@ edit the result.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass, field
 
@@ -30,6 +31,16 @@ class BackendInfo:
         return bool(self.version) and parts(self.version) >= parts(version)
 
 
+def call_seed(base: int, session: str | None, plan_chat: dict) -> int:
+    """The sampler seed of one call under `seed_per_call=base`: a 31-bit hash of the base, the session and the chat
+    body the agent sent (sorted keys). The same session sending the same prompt gets the same seed — so a rollout
+    whose policy and prompts repeat draws the same tokens — and two samples (two sessions) of one prompt differ."""
+    h = hashlib.blake2b(digest_size=8)
+    h.update(f"{base}\0{session or ''}\0".encode())
+    h.update(orjson.dumps(plan_chat, option=orjson.OPT_SORT_KEYS))
+    return int.from_bytes(h.digest(), "big") & 0x7FFFFFFF
+
+
 def prompt_size_bound(chat: dict) -> int:
     """A cheap upper bound of the prompt's token count: every token is at least one byte of rendered text, and the
     template adds a bounded amount per message. Used to skip /tokenize when max_tokens cannot overflow."""
@@ -47,10 +58,10 @@ class Shaped:
 
 def shape(plan_chat: dict, *, backend: BackendInfo, agent_top_logprobs: int | None, logprobs_mode: str,
           sampling_override: dict, thinking: bool | None, thinking_kwarg: str | None,
-          prompt_len: int | None = None, prompt_ids: list[int] | None = None) -> Shaped:
+          prompt_len: int | None = None, prompt_ids: list[int] | None = None, session: str | None = None) -> Shaped:
     """The exact upstream body for one call. `prompt_len` is the tokenized prompt length when it was needed for the
     max_tokens clamp (else None); `prompt_ids`, exact mode's spliced prompt, is sent as the prompt (and is its
-    length)."""
+    length); `session` feeds `seed_per_call` (the record's sampling then holds the seed sent)."""
     notes: list[str] = []
     body = dict(plan_chat)
     body["model"] = backend.model
@@ -66,6 +77,10 @@ def shape(plan_chat: dict, *, backend: BackendInfo, agent_top_logprobs: int | No
         if body.get(name) is None:
             body[name] = default
     for name, value in sampling_override.items():
+        if name == "seed_per_call":  # the note names the base (one per run), the record's sampling the seed
+            notes.append(f"sampling_override:seed_per_call={value}")
+            body["seed"] = call_seed(value, session, plan_chat)
+            continue
         if body.get(name) != value:
             notes.append(f"sampling_override:{name}={value}")
         body[name] = value

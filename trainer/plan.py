@@ -70,7 +70,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--micro-batch-tokens", type=int, default=4096, help="tokens per micro-batch")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="serving, recompute and training dtype")
-    p.add_argument("--sampling", default=DEFAULT_SAMPLING, help="the proxy's polar_sampling_override")
+    p.add_argument("--sampling", default=None,
+                   help=f"the proxy's polar_sampling_override (default: {DEFAULT_SAMPLING},seed_per_call=SEED: each "
+                        "call seeded from --seed, its session and its prompt, so a run can be drawn again)")
     p.add_argument("--rollout-cmd", default=None,
                    help=f"polar-rollout (a command line; default: ${ROLLOUT_ENV}, else polar-rollout on PATH, else "
                         "the checkout's .venv/bin/polar-rollout)")
@@ -212,6 +214,8 @@ def check_args(args) -> None:
         args.lr_source = "given"
     args.mini_batches = 1 if args.mini_batches is None else args.mini_batches
     args.epochs = 1 if args.epochs is None else args.epochs
+    if args.sampling is None:
+        args.sampling = f"{DEFAULT_SAMPLING},seed_per_call={args.seed}"
     if args.vllm_run_file and not Path(args.vllm_run_file).is_file():
         raise BadInput(f"--vllm-run-file {args.vllm_run_file}: no such file ({launch_vllm.command()} start --dev "
                        f"writes it)")

@@ -54,6 +54,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -464,8 +465,20 @@ def step_summary(ln: dict) -> str:
             + (f"; {ln['no_publication']}, {ln['serving_after']} keeps serving" if ln.get("no_publication") else ""))
 
 
+class Stopped(BaseException):
+    """SIGTERM or SIGINT: raised where the loop is, so its `finally` ends the serve and the vLLM it started."""
+
+
+def _on_stop_signal(signum, frame) -> None:
+    for sig in (signal.SIGTERM, signal.SIGINT):  # a second signal must not cut the clean-up short
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signal.Signals(signum).name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _on_stop_signal)
     try:
         check_args(args)
         if not has_trainer_env():
@@ -479,6 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     except StageFailed as exc:
         print(f"polar-train: {exc}", file=sys.stderr)
         return 1
+    except Stopped as exc:
+        print(f"polar-train: {exc} received: stopped, its services ended; `polar-train --out {args.out} --resume` "
+              f"goes on from the last step saved", file=sys.stderr)
+        return 128 + signal.Signals[str(exc)].value
     print(f"polar-train: {plan.steps} step(s) done: {run}/train.jsonl, {run}/report.html", file=sys.stderr)
     return code
 

@@ -35,6 +35,21 @@ def test_1_2_agent_sampling_is_kept_and_override_wins_and_is_noted():
     assert s.sampling["override"] == {"temperature": 1.6}
 
 
+def test_1_2b_seed_per_call_is_one_seed_per_session_and_prompt_and_is_recorded():
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    over = {"seed_per_call": 7}
+    a, again = (shaped(dict(chat), sampling_override=over, session="run/t/0") for _ in range(2))
+    other_sample = shaped(dict(chat), sampling_override=over, session="run/t/1")
+    next_turn = shaped({"messages": [*chat["messages"], {"role": "assistant", "content": "x"}]},
+                       sampling_override=over, session="run/t/0")
+    other_base = shaped(dict(chat), sampling_override={"seed_per_call": 8}, session="run/t/0")
+    seeds = [s.body["seed"] for s in (a, other_sample, next_turn, other_base)]
+    assert again.body["seed"] == a.body["seed"] and len(set(seeds)) == 4, seeds
+    assert all(0 <= x < 2 ** 31 for x in seeds) and "seed_per_call" not in a.body
+    assert a.sampling["seed"] == a.body["seed"] and a.sampling["override"] == over
+    assert a.normalizations == ["sampling_override:seed_per_call=7"]
+
+
 def test_1_3_empty_tools_and_orphan_tool_choice_are_dropped():
     s = shaped({"messages": [], "tools": [], "tool_choice": "required"})
     assert "tools" not in s.body and "tool_choice" not in s.body

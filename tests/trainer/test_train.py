@@ -7,6 +7,8 @@ with one line.
 
 The run is carried through four processes, killed at each point --resume must survive (issue 23; tests 8–11):
 1. killed (SIGKILL to its process group) during step 1's rollout, once a sample has finished;
+1b. --resume, sent SIGTERM once it has asked for step 1's rollout again: it ends its serve (and the serve's proxy)
+   before it exits 143, and says how to go on;
 2. --resume: the rollout continues — finished samples kept, not run again — and it is killed right after step 1's
    checkpoint is written (`POLAR_TRAIN_KILL_AT=checkpoint:1`, the seam in polar.trainer.train);
 3. --resume: step 1 is published from its checkpoint and its line appended — not trained again (the same files) —
@@ -91,6 +93,29 @@ def _kill_when_a_sample_finished(proc: subprocess.Popen, run: Path) -> list[dict
     pytest.fail(f"no sample finished before the deadline or the exit ({proc.returncode}):\n{err[-4000:]}")
 
 
+def _alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _terminate_once_asked(args: list[str], run: Path) -> dict:
+    """A --resume process, sent SIGTERM as soon as it has asked its serve for step 1's rollout: its exit code, its
+    stderr, and whether the serve and the serve's proxy were still alive when it had exited."""
+    proc = _start(args)
+    requests, deadline = run / "rollout" / "requests", time.monotonic() + STEP_TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline and not (requests / "step-0001.2.json").is_file():
+        time.sleep(0.05)
+    ready = json.loads((run / "rollout" / "ready.json").read_text())
+    proc.send_signal(signal.SIGTERM)
+    code, err = _finish(proc)
+    return {"exit_term": code, "err_term": err, "alive_after_term": [_alive(ready["pid"]), _alive(ready["proxy_pid"])]}
+
+
 def _finish(proc: subprocess.Popen) -> tuple[int, str]:
     _, err = proc.communicate(timeout=STEP_TIMEOUT)
     return proc.returncode, err
@@ -103,6 +128,7 @@ def run_with_kills(run: Path, args: list[str]) -> dict:
     resume = ["--out", str(run), "--resume"]
     seen["killed_in_rollout"] = _kill_when_a_sample_finished(_start(args), run)
     seen["after_rollout_kill"] = _lines(run)
+    seen.update(_terminate_once_asked(resume, run))
     seen["exit_checkpoint"], seen["err_checkpoint"] = _finish(_start(resume, {"POLAR_TRAIN_KILL_AT": "checkpoint:1"}))
     seen["ckpt1_files"] = _files(run / "checkpoints" / "step-0001")
     seen["after_checkpoint_kill"] = _lines(run)
@@ -232,6 +258,14 @@ def test_8_a_kill_in_rollout_keeps_the_finished_samples(trained):
     for task, k, _ in kept:  # not run again: one attempt line for each sample finished before the kill
         assert sum(1 for r in final if (r["task"], r["k"]) == (task, k)) == 1
     assert {r["k"] for r in final} == {0, 1, 2, 3}
+
+
+def test_8b_sigterm_ends_the_services_and_says_how_to_go_on(trained):
+    seen = RESUME_SEEN
+    assert seen["exit_term"] == 128 + signal.SIGTERM, seen["err_term"][-3000:]
+    assert seen["err_term"].splitlines()[-1].startswith("polar-train: SIGTERM received: stopped"), seen["err_term"]
+    assert "--resume" in seen["err_term"].splitlines()[-1]
+    assert seen["alive_after_term"] == [False, False]  # the serve and its proxy ended before polar-train did
 
 
 def test_9_a_kill_after_the_checkpoint_does_not_train_the_step_again(trained):
