@@ -1,9 +1,14 @@
 """polar-train learns (issue 23): on the tiny model, with the learning rate it picks itself (no --lr), on the
 generated digit-share family (examples/tasks/families: 32 training prompts, 2 drawn per step, K=4), the mean reward
 of the last 3 of 12 steps is above the first 3 by at least 0.15 (0–1 reward); a 6-step control at --lr 0 does not
-rise. Only the reward is asserted (every seed measured before fixing the threshold: docs/training.md, "Measured").
-The python `answer` agent (one free-text turn), no sandbox, the shared float32 dev-mode server.
-Kept out of CI for its time (POLAR_TEST_LEARNING=1 runs it)."""
+rise. Only the reward is asserted. The python `answer` agent (one free-text turn), no sandbox, the shared float32
+dev-mode server.
+
+The run is seeded (`--seed 1`: the task draw, the shuffle, torch, and each sampler call through seed_per_call), so
+on one machine it draws the same curve every time; another CPU may compute a logit in another order and draw
+another curve. That is why the threshold was fixed only after measuring every seed 1–10 with this configuration
+(docs/training.md, "Measured": the pass rate and each curve), and the seed asserted here is the first, not the best.
+POLAR_TEST_LEARN_SEED=S runs another seed."""
 
 from __future__ import annotations
 
@@ -17,11 +22,7 @@ import pytest
 from tests.trainer.conftest import ANSWER_AGENT, ROOT
 from tests.trainer.test_train import TINY, _restore, _train
 
-# About 18 steps of ~18 s on 2 cores (5.5 min): beyond CI's time budget until a step's rollout stage is cheaper, so it
-# runs on request; the seeds measured with it are in docs/training.md.
-LEARNING = os.environ.get("POLAR_TEST_LEARNING") == "1"
-pytestmark = [pytest.mark.vllm,
-              pytest.mark.skipif(not LEARNING, reason="runs with POLAR_TEST_LEARNING=1 (5.5 min of steps)")]
+pytestmark = pytest.mark.vllm
 
 FAMILY = ROOT / "examples" / "tasks" / "families" / "digit-share"
 RISE = 0.15
