@@ -135,13 +135,14 @@ class Plan:
                    params=args.params, max_staleness=args.max_staleness)
 
 
-# The learning rate when --lr is not given (measured on the tiny model: docs/training.md, "Measured"): a
-# small randomly initialised model learns a graded answer family at 1e-2 with 2 mini-batches × 4 epochs (8 updates
-# per rollout batch; 4 updates learn too, more slowly) and does not at 1e-3 with one; a pretrained model of ~10^8
-# parameters and more takes 1e-5 · sqrt(1e9 / params), within [1e-6, 5e-5], one update per batch (2.7e-5 for
-# SmolLM2-135M: the usual RL fine-tuning range, not measured to learn here).
+# The learning rate when --lr is not given (measured: docs/training.md, "Measured"): a small randomly initialised
+# model learns a graded answer family at 1e-2 with 2 mini-batches × 4 epochs (8 updates per rollout batch; 4 updates
+# learn too, more slowly) and does not at 1e-3 with one; a pretrained model of ~10^8 parameters and more takes
+# 1e-5 · sqrt(1e9 / params), within [1e-6, 5e-5], with 2 mini-batches × 1 epoch: two updates per rollout batch for
+# the compute of one pass (SmolLM2-135M, 2.5e-5: docs/training.md, "Measured: SmolLM2-135M").
 SMALL_MODEL_PARAMS = 20_000_000
 SMALL_MODEL_LR, SMALL_MODEL_MINI_BATCHES, SMALL_MODEL_EPOCHS = 1e-2, 2, 4
+LARGE_MODEL_MINI_BATCHES = 2
 
 
 def count_params(model_dir: str | Path) -> int | None:
@@ -170,7 +171,7 @@ def default_lr(params: int | None) -> tuple[float, int, int, str]:
             f"{params / 1e6:.1f}M parameters < {SMALL_MODEL_PARAMS / 1e6:.0f}M: a small model")
     n = params or 1_000_000_000
     lr = min(max(1e-5 * (1e9 / n) ** 0.5, 1e-6), 5e-5)
-    return float(f"{lr:.2g}"), 1, 1, f"{n / 1e6:.0f}M parameters: 1e-5·sqrt(1e9/params)"
+    return float(f"{lr:.2g}"), LARGE_MODEL_MINI_BATCHES, 1, f"{n / 1e6:.0f}M parameters: 1e-5·sqrt(1e9/params)"
 
 
 def check_args(args) -> None:
