@@ -4,25 +4,26 @@ sessions are left out), into RUN/out; its command and output in RUN/process.log;
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from polar.rollout.common import read_json
 
 
 def _report(out: Path) -> dict | None:
-    """The counts polar-train and the summary read from RUN/out/report.json."""
-    with contextlib.suppress(OSError, ValueError):
-        report = read_json(out / "report.json")
-        return {"sequences": report["counts"]["sequences"], "calls": report["counts"]["calls"],
-                "sessions": report["counts"]["sessions"],
-                "sessions_other_prefix": report["counts"].get("sessions_other_prefix"),
-                "trainable_tokens": report["tokens"]["trainable"], "merge_ratio": report["merge_ratio"],
-                "batches": report["outputs"]["batches"], "sft_lines": report["outputs"]["sft_lines"],
-                "rewards": report["rewards"]}
+    """The counts polar-train and the summary read from RUN/out/report.json (through the processor's one reader)."""
+    from polar.processor.report_doc import read_report
+
+    with contextlib.suppress(OSError, ValueError):  # ReportError is a ValueError
+        report = read_report(out / "report.json")
+        return {"sequences": report.counts.sequences, "calls": report.counts.calls,
+                "sessions": report.counts.sessions, "sessions_other_prefix": report.counts.sessions_other_prefix,
+                "trainable_tokens": report.tokens.trainable, "merge_ratio": report.merge_ratio,
+                "batches": report.outputs["batches"], "sft_lines": report.outputs["sft_lines"],
+                "rewards": dataclasses.asdict(report.rewards)}
     return None
 
 
