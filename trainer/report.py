@@ -59,7 +59,7 @@ def _table(lines: list[dict]) -> str:
             "loss", "ratio mean", "ratio max", "verify median", "trainable", "seconds")
     rows = []
     for ln in lines:
-        secs = ", ".join(f"{k} {v:.1f}" for k, v in (ln.get("seconds") or {}).items())
+        secs = ", ".join(f"{k} {v:.1f}" for k, v in (ln.get("seconds") or {}).items() if v is not None)
         no_spread = (f"{ln['groups_without_spread']}/{ln.get('groups')}" if ln.get("groups_without_spread") is not None
                      else None)
         cells = (ln["step"], ln.get("weight_version") or "–", ln.get("samples"), ln.get("reward_mean"),

@@ -269,13 +269,16 @@ def run_step(step: int, trainer: Trainer, run: Path, run_file: str, rolled: tupl
     line.update(staleness=staleness_stats(batches.stalenesses), left_out_stale=batches.counts.get("left_out_stale", 0),
                 clip_share_by_staleness=m.get("clip_share_by_staleness") or {})
     line["seconds"] = {"rollout": round(t_rollout - t_process, 2), "process": round(t_process, 2),
-                       "verify": round(t_verify, 2), "train": 0.0, "reload": 0.0}
+                       "verify": round(t_verify, 2), "train": 0.0, "checkpoint": 0.0, "reload": 0.0}
     line["rollout_wait"] = round(waited, 2)  # of `rollout`, what the trainer waited for (less when it overlaps)
     line["checkpoint"] = weights
     if publish:
         line["checkpoint"] = str(run / "checkpoints" / version_of(step))
         line["seconds"]["train"] = round(time.monotonic() - t0, 2)
+        line["seconds"]["checkpoint"] = None  # as the checkpoint holds the line: a resumed step has it unmeasured
+        t0 = time.monotonic()
         save(trainer, line)
+        line["seconds"]["checkpoint"] = round(time.monotonic() - t0, 2)
         crash_point("checkpoint", step)
         return finish(line, trainer.plan, run, run_file, stage.proxies())
     line["seconds"]["train"] = round(time.monotonic() - t0, 2)
@@ -455,7 +458,7 @@ def step_summary(ln: dict) -> str:
             f"{fmt(ln['verify_median_abs_gap'], '.2g')}, within {fmt(ln['verify_share_within'])}; ratio mean "
             f"{fmt(ln['ratio_mean'], '.4f')} max {fmt(ln['ratio_max'], '.4f')}, clip {fmt(ln['clip_share'])}, loss "
             f"{fmt(ln['loss'], '.4g')}; {ln['tokens_trainable']} trainable of {ln['tokens_forward']} tokens; "
-            f"{' '.join(f'{k} {v:.1f}s' for k, v in s.items())}"
+            f"{' '.join(f'{k} {v:.1f}s' for k, v in s.items() if v is not None)}"
             f"; spread {fmt(ln.get('reward_std'))}, {ln.get('groups_without_spread')} of {ln.get('groups')} group(s) "
             f"without spread, {ln.get('updates')} update(s), entropy {fmt(ln.get('entropy'))}, KL to initial "
             f"{fmt(ln.get('kl_initial'), '.3g')}"

@@ -52,6 +52,8 @@ def test_the_default_learning_rate_learns(dev_server, tmp_path):
     plan = json.loads((tmp_path / "run" / "train.json").read_text())
     assert plan["lr"] > 0 and plan["lr_source"].startswith("picked")
     assert "picked" in stderr.splitlines()[0]
+    lines = [json.loads(x) for x in (tmp_path / "run" / "train.jsonl").read_text().splitlines()]
+    assert all(ln["seconds"]["checkpoint"] > 0 for ln in lines if ln["published"])  # the write is counted
     if os.environ.get("POLAR_TEST_MEASURE"):
         print(f"\nlearns (seed {SEED}): {wall:.1f} s, rewards {[round(r, 3) for r in rewards]}")
     assert len(rewards) == 12 and _rise(rewards) >= RISE, rewards
