@@ -114,7 +114,7 @@ def test_default_lr_is_picked_from_the_model():
     params = polar_train.count_params(TINY)
     assert 2_000_000 < params < 4_000_000
     lr, mini, epochs, why = polar_train.default_lr(params)
-    assert (lr, mini, epochs) == (1e-2, 2, 4) and "small model" in why
+    assert (lr, mini, epochs) == (1e-2, 2, 8) and "small model" in why
     lr, mini, epochs, _ = polar_train.default_lr(134_515_008)  # SmolLM2-135M
     assert 1e-5 <= lr <= 5e-5 and (mini, epochs) == (2, 1)
 
