@@ -1,5 +1,5 @@
 """Process identity and the OS chores the services share: whether a pid is alive and one of ours, loopback ports,
-stopping a process group.
+stopping a process group, a child that ends with its starter.
 
 One rule for "ours": the pid is alive (a zombie is not) and its command line contains the caller's marker (the
 proxy: `polar_addon.py`; vLLM: its launcher's file name). Without /proc a live pid is trusted. Standard library only.
@@ -7,6 +7,7 @@ proxy: `polar_addon.py`; vLLM: its launcher's file name). Without /proc a live p
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -83,6 +84,28 @@ def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return True
     return False
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def ending_with_this_thread(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A `preexec_fn` for subprocess.Popen: the child is sent `sig` when the thread that starts it ends, the process
+    SIGKILLed included (Linux's PR_SET_PDEATHSIG; a child started from the main thread lives as long as the
+    process). A child of a parent already gone by then gets `sig` at once. None where prctl is not available.
+    libc is loaded here, before the fork: the child only calls it."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the starter died between fork and the request above
+            os.kill(os.getpid(), sig)
+
+    return preexec
 
 
 def _reap(pid: int) -> None:

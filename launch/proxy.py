@@ -34,7 +34,7 @@ from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 from polar.launch import ca, paths
-from polar.launch.process import PROXY_MARKER, free_port, is_ours, stop_groups
+from polar.launch.process import PROXY_MARKER, ending_with_this_thread, free_port, is_ours, stop_groups
 from polar.launch.runfiles import ProxyEntry, ProxyRunFile, RunFileError
 
 READY_URL = "http://polar.gateway/ready"
@@ -265,8 +265,10 @@ class Started:
 
 
 def launch(mitmdump: str, script: str, confdir: Path, run_dir: Path, port: int, *, listen_host: str, upstream: str,
-           flows: str, sets: Sequence[str] = (), env: Mapping[str, str] | None = None) -> tuple[subprocess.Popen, str]:
-    """One mitmdump with the addon on `port`, in its own process group, its output in run_dir/proxy-PORT.log."""
+           flows: str, sets: Sequence[str] = (), env: Mapping[str, str] | None = None,
+           tied: bool = False) -> tuple[subprocess.Popen, str]:
+    """One mitmdump with the addon on `port`, in its own process group, its output in run_dir/proxy-PORT.log.
+    `tied`: it gets SIGTERM when the starting thread ends (a killed runner leaves no proxy behind)."""
     log_path = str(run_dir / f"proxy-{port}.log")
     cmd = [mitmdump, "--set", "flow_detail=0", "-s", script, "--listen-host", listen_host, "--listen-port",
            str(port), "--set", f"confdir={confdir}", "--set", f"polar_upstream={upstream}", "--set",
@@ -276,7 +278,8 @@ def launch(mitmdump: str, script: str, confdir: Path, run_dir: Path, port: int, 
     child_env = {k: v for k, v in (os.environ if env is None else env).items() if k not in PROXY_VARS}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=child_env,
-                                cwd=str(paths.checkout_root() or run_dir), start_new_session=True)
+                                cwd=str(paths.checkout_root() or run_dir), start_new_session=True,
+                                preexec_fn=ending_with_this_thread() if tied else None)
     _STARTED[proc.pid] = proc
     return proc, log_path
 
@@ -330,9 +333,10 @@ def _ports(first: int, count: int) -> list[int]:
 def start(upstream: str, *, flows: str | os.PathLike | None = None, run_dir: str | os.PathLike | None = None,
           count: int = 1, port: int = 0, listen_host: str = "127.0.0.1", sets: Sequence[str] = (),
           timeout: float = 30.0, allow_fail_closed: bool = False, confdir: str | None = None,
-          mitmdump: str | None = None, env: Mapping[str, str] | None = None) -> Started:
+          mitmdump: str | None = None, env: Mapping[str, str] | None = None, tied: bool = False) -> Started:
     """Start `count` proxies in front of `upstream` (an OpenAI /v1 base URL) and write the run file of `run_dir`;
-    ProxyError when nothing could start (its lines say why; every process started is stopped again)."""
+    ProxyError when nothing could start (its lines say why; every process started is stopped again). `tied`: the
+    proxies end with the calling thread (a runner's own proxy); polar-proxy's detached ones are not."""
     # Options first: nothing is launched, nothing written, for a command line that cannot work.
     bad = option_error(upstream, count, port, timeout, sets)
     if bad:
@@ -358,7 +362,7 @@ def start(upstream: str, *, flows: str | os.PathLike | None = None, run_dir: str
     checker.start()
     # All processes start at once (mitmdump's start-up is CPU-bound; they overlap), then each must answer ready.
     procs = [launch(binary, script, certs, run_dir, p, listen_host=listen_host, upstream=upstream, flows=flows,
-                    sets=sets, env=env) for p in ports]
+                    sets=sets, env=env, tied=tied) for p in ports]
     infos = wait_ready([proc for proc, _ in procs], ports, timeout)
     checker.join(3)
     notes += [warning[0]] if warning[0] else []

@@ -34,10 +34,12 @@ class Proxy:
 
 def start_proxy(run_dir: Path, upstream: str, sets: list[str], confdir: str | None = None) -> Proxy:
     """The runner's own proxy: run file, logs and CA bundle in RUN/proxy, flows in RUN/flows. It is a child of this
-    process (in its own process group), so `kill_children` must spare it."""
+    process (in its own process group), so `kill_children` must spare it; it is tied to the calling thread, so a
+    SIGKILLed runner or serve leaves no proxy behind (SIGTERM: its open flow files are closed whole)."""
     pdir = run_dir / "proxy"
     try:
-        started = launch_proxy.start(upstream, flows=run_dir / "flows", run_dir=pdir, sets=sets, confdir=confdir)
+        started = launch_proxy.start(upstream, flows=run_dir / "flows", run_dir=pdir, sets=sets, confdir=confdir,
+                                     tied=True)
     except launch_proxy.ProxyError as exc:
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
         raise UsageError(f"the proxy did not start ({' | '.join(lines[-3:]) or f'exit {exc.code}'})") from None

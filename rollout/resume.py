@@ -52,7 +52,8 @@ def check_identity(o: Options, tasks: list, prev: dict, run_dir: Path) -> None:
 
 
 def _stop_previous(run_doc: dict, sandbox: str, run_dir: Path) -> list[str]:
-    """Stop a live proxy of the previous attempt, remove its containers, close dead writers' .open files."""
+    """Stop a live proxy of the previous attempt (a runner's own proxy ends with it; one may outlive it where prctl
+    is not available), remove its containers, close dead writers' .open files."""
     notes = []
     prev = run_doc.get("proxy") or {}
     if prev.get("own") and is_our_proxy(prev.get("pid")):

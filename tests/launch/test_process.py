@@ -1,14 +1,17 @@
 """polar.launch.process with real child processes: the one "alive and ours" rule (a dead, a zombie and a recycled
-pid are not ours), ports, and stopping a process group (SIGTERM, SIGKILL for one that ignores it, a worker that
-outlives its leader)."""
+pid are not ours), ports, stopping a process group (SIGTERM, SIGKILL for one that ignores it, a worker that
+outlives its leader), and a child tied to its starter (it ends with the starting thread, or a SIGKILLed starter)."""
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -33,6 +36,10 @@ def test_1_1_a_live_child_is_ours_only_by_its_marker():
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "polar-test-marker"])
     try:
         assert process.alive(child.pid)
+        deadline = time.monotonic() + 10  # until the fork has exec'd, /proc shows the forking pytest's command line
+        while b"polar-test-marker" not in Path(f"/proc/{child.pid}/cmdline").read_bytes():
+            assert time.monotonic() < deadline, "the child never exec'd"
+            time.sleep(0.01)
         assert process.is_ours(child.pid, "polar-test-marker")
         assert not process.is_ours(child.pid, process.PROXY_MARKER)  # alive, but someone else's
     finally:
@@ -96,3 +103,45 @@ def test_3_3_a_worker_outliving_its_leader_keeps_the_group_alive():
             os.killpg(leader.pid, 9)
         except ProcessLookupError:
             pass
+
+
+# ------------------------------------------------------------------------------------------------ 4. tied children
+
+def _started_from_a_thread(preexec) -> subprocess.Popen:
+    box: list[subprocess.Popen] = []
+    starter = threading.Thread(target=lambda: box.append(subprocess.Popen(["sleep", "600"], preexec_fn=preexec)))
+    starter.start()
+    starter.join()  # the starting thread has ended
+    return box[0]
+
+
+def test_4_1_a_tied_child_ends_with_the_thread_that_started_it_an_untied_one_does_not():
+    tied = _started_from_a_thread(process.ending_with_this_thread())
+    untied = _started_from_a_thread(None)
+    try:
+        assert tied.wait(timeout=10) == -signal.SIGTERM
+        time.sleep(0.5)
+        assert untied.poll() is None
+    finally:
+        for proc in (tied, untied):
+            proc.kill()
+            proc.wait()
+
+
+def test_4_2_a_sigkilled_starter_leaves_no_tied_child():
+    code = ("import subprocess, sys, time; from polar.launch import process\n"
+            "p = subprocess.Popen(['sleep', '600'], preexec_fn=process.ending_with_this_thread())\n"
+            "print(p.pid, flush=True); time.sleep(600)")
+    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    child = int(starter.stdout.readline())
+    assert process.alive(child)
+    starter.kill()
+    starter.wait()
+    deadline = time.monotonic() + 10
+    while process.alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        assert not process.alive(child)
+    finally:
+        if process.alive(child):
+            os.kill(child, signal.SIGKILL)

@@ -4,8 +4,8 @@ none, no --agent: a start is the proxy and the canary call).
 
 1.x  ready.json; two requests at once, each a whole polar-rollout RUN holding only its own sessions; bad requests get
      exit 2 and one line, and the serve goes on
-2.x  the end: DIR/stop, SIGTERM with a run in flight (130, its agent and the proxy gone), the parent's death; bad
-     start-up input
+2.x  the end: DIR/stop, SIGTERM with a run in flight (130, its agent and the proxy gone), the parent's death, a
+     SIGKILL (the proxy ends with it); bad start-up input
 3.x  the protocol module: a request's round trip and command line
 """
 
@@ -25,7 +25,7 @@ import pytest
 from polar.rollout import serve_protocol as sp
 from tests.rollout.rollout_support import AGENT, make_task, rollout_env
 from tests.support.need import need_sandbox
-from tests.support.servers import pid_gone
+from tests.support.servers import pid_alive, pid_gone
 
 pytestmark = pytest.mark.integration
 START_S = 120  # a serve's start: mitmdump's own start-up and the canary sample, on a loaded 2-core CI machine
@@ -215,6 +215,22 @@ def test_2_3_the_parents_death_ends_the_serve_and_its_proxy(tmp_path, upstream):
     doc = _ended(proc, tmp_path / "s")
     assert doc["exit"] == 0 and doc["reason"] == f"its parent (pid {parent.pid}) is gone"
     assert pid_gone(ready.proxy_pid)
+
+
+def test_2_6_a_sigkilled_serve_leaves_no_proxy_behind(tmp_path, upstream):
+    proc = _start(tmp_path / "s", upstream.base_url, "--sandbox", "none")
+    ready = _ready(tmp_path / "s", proc)
+    assert pid_alive(ready.proxy_pid)
+    proc.kill()  # no handler runs: only the proxy's tie to the serve can end it
+    proc.wait()
+    deadline = time.monotonic() + END_S
+    while pid_alive(ready.proxy_pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    try:
+        assert pid_gone(ready.proxy_pid)
+    finally:
+        if pid_alive(ready.proxy_pid):
+            os.killpg(ready.proxy_pid, signal.SIGKILL)
 
 
 @pytest.mark.parametrize("args,line", [
