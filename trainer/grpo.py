@@ -62,7 +62,7 @@ class StepMetrics:
     sequences: int = 0
     response_len: float | None = None  # trainable tokens per sequence
     entropy: float | None = None  # mean token entropy (nats) of the policy on trainable tokens, first forward
-    kl_initial: float | None = None  # k3 estimate of KL(π‖π_ref) on trainable tokens, first forward
+    kl_initial: float | None = None  # k3 estimate of KL(π‖π_ref) on trainable tokens π sampled, first forward
     left_out: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     # {staleness: [tokens whose clipped term was taken, trainable tokens]} over every update ("-1": not known)
@@ -146,7 +146,7 @@ def _accumulate(model, batches: MicroBatches, config: GrpoConfig, *, measure: bo
         m.notes.append("no trainable tokens: nothing to step")
         return m
     ratio_sum, ratio_max = 0.0, -math.inf
-    ent_sum, kl_sum = 0.0, 0.0
+    ent_sum, kl_sum, kl_n = 0.0, 0.0, 0
     for i, mb in enumerate(batches):
         if measure:
             logprobs, ent = logprobs_and_entropy(model, mb)
@@ -155,8 +155,9 @@ def _accumulate(model, batches: MicroBatches, config: GrpoConfig, *, measure: bo
             if reference is not None:
                 with torch.no_grad():
                     ref = token_logprobs(reference, **mb.model_inputs())
-                    d = (ref - logprobs.detach())[on]  # log π_ref − log π on tokens drawn from π
-                    kl_sum += float((torch.exp(d) - d - 1).sum())
+                    drawn = _drawn_from_policy(mb, on)
+                    d = (ref - logprobs.detach())[drawn]  # log π_ref − log π on tokens drawn from π
+                    kl_sum, kl_n = kl_sum + float((torch.exp(d) - d - 1).sum()), kl_n + int(drawn.sum())
         else:
             logprobs = token_logprobs(model, **mb.model_inputs())
         terms, st = token_terms(logprobs, mb, config)
@@ -174,7 +175,7 @@ def _accumulate(model, batches: MicroBatches, config: GrpoConfig, *, measure: bo
     m.ratio_mean, m.ratio_max = ratio_sum / total, ratio_max
     if measure:
         m.entropy = ent_sum / total
-        m.kl_initial = kl_sum / total if reference is not None else None
+        m.kl_initial = kl_sum / kl_n if reference is not None and kl_n else None
     return m
 
 
@@ -210,9 +211,17 @@ def grpo_step(model, optimizer: torch.optim.Optimizer, batches: MicroBatches,
 
 
 @torch.no_grad()
+def _drawn_from_policy(mb: MicroBatch, on: torch.Tensor) -> torch.Tensor:
+    """The tokens of `on` that the policy in memory sampled (staleness 0, or not known). k3 = e^d − d − 1 with
+    d = log π_ref − log π estimates KL(π‖π_ref) only over tokens drawn from π; a stale token was drawn from an
+    older policy, where the estimate is biased without bound (it read 10^3–10^6 nats under --max-staleness 1)."""
+    return on if mb.staleness is None else on & (mb.staleness <= 0)
+
+
 def _measure(model, batches: MicroBatches, reference=None) -> tuple[float | None, float | None]:
-    """(mean token entropy, k3 KL to `reference` or None) over the trainable tokens of `batches`, no gradient."""
-    total, ent_sum, kl_sum = batches.counts["tokens_trainable"], 0.0, 0.0
+    """(mean token entropy over the trainable tokens of `batches`, k3 KL to `reference` over those the policy in
+    memory sampled — None without a reference or such a token), no gradient."""
+    total, ent_sum, kl_sum, kl_n = batches.counts["tokens_trainable"], 0.0, 0.0, 0
     if not total:
         return None, None
     for mb in batches:
@@ -220,9 +229,10 @@ def _measure(model, batches: MicroBatches, reference=None) -> tuple[float | None
         on = mb.loss_mask > 0
         ent_sum += float(ent[on].sum())
         if reference is not None:
-            d = (token_logprobs(reference, **mb.model_inputs()) - logprobs)[on]
-            kl_sum += float((torch.exp(d) - d - 1).sum())
-    return ent_sum / total, (kl_sum / total if reference is not None else None)
+            drawn = _drawn_from_policy(mb, on)
+            d = (token_logprobs(reference, **mb.model_inputs()) - logprobs)[drawn]
+            kl_sum, kl_n = kl_sum + float((torch.exp(d) - d - 1).sum()), kl_n + int(drawn.sum())
+    return ent_sum / total, (kl_sum / kl_n if reference is not None and kl_n else None)
 
 
 def split(batches: MicroBatches, parts: int, rng: random.Random) -> list[MicroBatches]:

@@ -8,7 +8,8 @@ Scenarios:
     re-rendered keeps the context it was sampled in, as in per_request).
 1.3 one optimizer step changes the parameters; the metrics are filled.
 1.4 calls not sampled at T=1 are left out and counted.
-2.x token-sum normalisation and TIS against a hand computation on a tiny synthetic case.
+2.x token-sum normalisation and TIS against a hand computation on a tiny synthetic case; the clip share and
+    kl_initial by staleness (k3 over the tokens the policy in memory sampled).
 """
 
 from __future__ import annotations
@@ -185,3 +186,35 @@ def test_2_2_clip_share_by_staleness_splits_the_clip_share():
     weighted = sum(shares[k] * tokens[k] for k in tokens) / sum(tokens.values())
     assert weighted == pytest.approx(m.clip_share, abs=1e-9)
     assert m.as_dict()["clip_share_by_staleness"] == shares
+
+
+def test_2_3_kl_initial_is_measured_on_the_tokens_the_policy_in_memory_sampled():
+    """k3 KL(π‖π_ref) holds only over tokens drawn from π: a stale sequence's tokens are left out of it (entropy keeps
+    every trainable token); with only stale tokens there is no estimate. The update's own first-forward figure is the
+    same measurement."""
+    model = load_model(str(TINY))
+    reference = load_model(str(TINY))
+    with torch.no_grad():  # a reference the policy has moved away from
+        for p in reference.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    seqs = _synthetic(model)
+
+    def measured(stale: tuple[int, ...], which=(0, 1, 2)):
+        chosen = [seqs[i] for i in which]
+        for s, st in zip(chosen, stale):
+            s.staleness = st
+        return grpo._measure(model, MicroBatches(Selection(chosen, {}, []), 64, "per_sequence"), reference)
+
+    ent_all, kl_all = measured((0, 0, 0))
+    ent_mixed, kl_mixed = measured((0, 1, 2))
+    _, kl_first = measured((0,), which=(0,))
+    assert kl_all > 0 and kl_mixed == pytest.approx(kl_first, rel=1e-6) and kl_mixed != pytest.approx(kl_all)
+    assert ent_mixed == pytest.approx(ent_all, rel=1e-6)  # entropy still over every trainable token
+    assert measured((1, 1, 2))[1] is None
+    for s, st in zip(seqs, (0, 1, 2)):
+        s.staleness = st
+    batches = MicroBatches(Selection(seqs, {}, []), 64, "per_sequence")
+    model.requires_grad_(True)
+    config = grpo.GrpoConfig(lr=1e-2, clip=0.2)
+    m = grpo.grpo_update(model, grpo.make_optimizer(model, config), batches, config, reference=reference)
+    assert m.kl_initial == pytest.approx(kl_first, rel=1e-4)
