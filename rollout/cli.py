@@ -82,6 +82,10 @@ def parser() -> argparse.ArgumentParser:
                    help="sft.jsonl keeps samples with reward ≥ X (default: every sample)")
     p.add_argument("--skip-preflight", action="store_true",
                    help="skip the canary call and the canary sample (default: off)")
+    p.add_argument("--warm-agents", action=argparse.BooleanOptionalAction, default=False,
+                   help="python: agents in bwrap: one sandbox per slot whose interpreter imported the agent and its "
+                        "SDKs once, a fork of it per sample (docs/options.md says what samples of a slot share) "
+                        "(default: off; polar-train turns it on for a python: agent in bwrap)")
     p.add_argument("--engine", choices=("local", "ray"), help="local: threads; ray: one Ray task per sample "
                                                               "(one node) (default: local)")
     p.add_argument("--ray-address", metavar="A", help="Ray cluster to join (default: a local Ray)")
@@ -101,7 +105,7 @@ def options(args: argparse.Namespace):
         proxy_json=args.proxy_json, run_id=args.run_id, resume=args.resume, retry_infra=args.retry_infra or 0,
         no_process=args.no_process, process_opt=list(args.process_opt), sft_min_reward=args.sft_min_reward,
         skip_preflight=args.skip_preflight, engine=args.engine, ray_address=args.ray_address,
-        progress=args.progress, confdir=args.confdir, npm_dir=args.npm_dir)
+        progress=args.progress, confdir=args.confdir, npm_dir=args.npm_dir, warm_agents=args.warm_agents)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -113,11 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     from polar.rollout import runner
 
+    from polar.rollout import warm
+
     try:
         return runner.main(options(args))
     except KeyboardInterrupt:
         print("polar-rollout: cancelled", file=sys.stderr)
         return 130
+    finally:
+        warm.close_all()
 
 
 if __name__ == "__main__":

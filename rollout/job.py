@@ -54,6 +54,7 @@ class SampleContext:
     npm_dir: str
     agent_timeout: float | None
     verify_timeout: float | None
+    warm: bool = False  # --warm-agents: the python: agent runs in a warm slot (rollout/warm.py)
 
 
 @dataclass

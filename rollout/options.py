@@ -38,12 +38,13 @@ class Options:
     progress: bool | None = None
     confdir: str | None = None  # None: polar.launch.paths.confdir (outside a checkout, $POLAR_CONFDIR)
     npm_dir: str | None = None  # None: polar.launch.paths.npm_dir (outside a checkout, $POLAR_NPM_DIR)
+    warm_agents: bool = False  # python: agents in bwrap run in warm slots (rollout/warm.py)
 
 
 # Options a resumed run must keep (its identity), and the ones it takes from run.json unless given again.
 IDENTITY = ("tasks", "agent", "samples", "sandbox")
 REUSED = ("parallel", "image", "model", "agent_timeout", "verify_timeout", "proxy_set", "upstream", "proxy_json",
-          "retry_infra", "no_process", "process_opt", "sft_min_reward", "engine", "ray_address", "confdir", "npm_dir")
+          "retry_infra", "no_process", "process_opt", "sft_min_reward", "engine", "ray_address", "confdir", "npm_dir", "warm_agents")
 
 
 def check_options(o: Options) -> AgentSpec:
@@ -70,6 +71,10 @@ def check_options(o: Options) -> AgentSpec:
         raise UsageError(f"--sandbox must be bwrap, docker or none (got {o.sandbox})")
     if o.image and o.sandbox != "docker":
         raise UsageError("--image applies to --sandbox docker only")
+    if o.warm_agents and (o.sandbox != "bwrap" or agent.kind != "python"):
+        raise UsageError("--warm-agents applies to python: agents in --sandbox bwrap only")
+    if o.warm_agents and o.engine == "ray":
+        raise UsageError("--warm-agents needs --engine local (its slots live in the runner's process)")
     if o.engine not in ("local", "ray"):
         raise UsageError(f"--engine must be local or ray (got {o.engine})")
     if o.ray_address and o.engine != "ray":

@@ -41,15 +41,9 @@ def read_instruction(path: str | None) -> str:
     return sys.stdin.read()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m polar.rollout.pyagent", description=__doc__.split("\n\n")[0])
-    parser.add_argument("spec", metavar="MODULE:FUNC")
-    parser.add_argument("--instruction-file", metavar="FILE",
-                        help="the instruction (default: $POLAR_INSTRUCTION_FILE, else stdin)")
-    args = parser.parse_args(argv)
+def call(spec: str, func, instruction: str) -> int:
+    """Run the agent once in this process: its exit code (see the module docstring)."""
     try:
-        func = load(args.spec, os.environ.get("POLAR_AGENT_DIR"))
-        instruction = read_instruction(args.instruction_file)
         code = func(instruction, os.getcwd(), dict(os.environ))
     except SystemExit as exc:  # the agent chose its exit code
         code = exc.code
@@ -62,9 +56,203 @@ def main(argv: list[str] | None = None) -> int:
     if code is None:
         return 0
     if isinstance(code, bool) or not isinstance(code, int):
-        print(f"polar.rollout.pyagent: {args.spec} returned {code!r}, not an int or None; exit 1", file=sys.stderr)
+        print(f"polar.rollout.pyagent: {spec} returned {code!r}, not an int or None; exit 1", file=sys.stderr)
         return 1
     return code & 0xFF if code >= 0 else 1
+
+
+# ---------------------------------------------------------------------------------------------- warm mode
+#
+# `python -m polar.rollout.pyagent --warm MODULE:FUNC --relay /run/polar/relay.py` is the zygote of a warm slot
+# (rollout/warm.py): one sandbox that runs many samples one after another. It imports the agent and the modules the
+# agent names in POLAR_PRELOAD once, says {"ready": pid} on stdout, then takes one JSON request per line on stdin and
+# answers each with one line. Per request it forks a leader (its own session) that listens on the sandbox's loopback
+# relay port, forks the agent (a copy of the pre-imported interpreter: no import is paid again) and relays the
+# agent's connections to that sample's own host socket; when the leader ends, every other process of the sandbox is
+# killed and /tmp and /dev/shm are emptied before the answer. Requests carry a nonce the answer repeats.
+
+PR_SET_DUMPABLE = 4
+KILL_ROUNDS = 200  # SIGKILL sweeps before a sandbox counts as not clean (a fork bomb outrunning them)
+
+
+def _prctl(option: int, value: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(option, value, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), f"prctl({option})")
+
+
+def _load_relay(path: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("polar_sandbox_relay", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the relay from {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _proc_table() -> dict[int, tuple[int, bytes]]:
+    """pid → (ppid, state) of every process this pid namespace shows."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                out[int(entry)] = (int(fields[1]), fields[0])
+            except (OSError, ValueError, IndexError):
+                continue
+    return out
+
+
+def kill_all_but_ancestors() -> tuple[int, bool]:
+    """SIGKILL every process of the sandbox but this one and its ancestors (the wrapper, bwrap), until none is
+    left: (how many were killed, whether none is left)."""
+    import time
+
+    table = _proc_table()
+    keep, p = {os.getpid()}, os.getpid()
+    while p in table and table[p][0] not in keep and table[p][0] > 0:
+        p = table[p][0]
+        keep.add(p)
+    killed = set()
+    for _ in range(KILL_ROUNDS):
+        others = [pid for pid, (_, state) in _proc_table().items() if pid not in keep and state != b"Z"]
+        if not others:
+            return len(killed), True
+        for pid in others:
+            try:
+                os.kill(pid, 9)
+                killed.add(pid)
+            except OSError:
+                pass
+        while True:  # our own children (the leader's orphans go to the namespace's init)
+            try:
+                if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                    break
+            except ChildProcessError:
+                break
+        time.sleep(0.002)
+    return len(killed), False
+
+
+def _empty(directory: str) -> None:
+    import shutil
+
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        path = os.path.join(directory, name)
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.unlink(path)
+        except OSError:
+            pass
+
+
+def _listen(port: int):
+    import socket
+
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the last sample's connections in TIME_WAIT
+    listener.bind(("127.0.0.1", port))
+    listener.listen(128)
+    return listener
+
+
+def _leader(spec: str, func, relay, req: dict, reply_fd: int) -> None:
+    """The forked leader of one sample: never returns."""
+    code = 125
+    try:
+        os.close(reply_fd)  # the answer channel is the zygote's alone
+        os.setsid()
+        null = os.open(os.devnull, os.O_RDONLY)
+        out = os.open(req["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        err = os.open(req["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        for fd, target in ((null, 0), (out, 1), (err, 2)):
+            os.dup2(fd, target)
+            os.close(fd)
+        env = dict(req["env"])
+        listener = _listen(int(req["port"]))
+        url = f"http://{req['proxy_user']}:x@127.0.0.1:{listener.getsockname()[1]}"
+        env["HTTPS_PROXY"] = env["https_proxy"] = url
+        env["NO_PROXY"] = env["no_proxy"] = ""
+        agent = os.fork()
+        if agent == 0:  # the agent: a copy of the pre-imported interpreter, single-threaded
+            listener.close()
+            _prctl(PR_SET_DUMPABLE, 1)  # as a cold agent is: the zygote's protection is the zygote's
+            os.environ.clear()
+            os.environ.update(env)
+            os.chdir(req["cwd"])
+            os._exit(call(spec, func, read_instruction(req["instruction_file"])))
+        import threading
+
+        threading.Thread(target=relay._sandbox_accept, args=(listener, req["socket"]), daemon=True).start()
+        _, status = os.waitpid(agent, 0)
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+    except BaseException:  # noqa: BLE001 — the sample's own stderr says why
+        traceback.print_exc()
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def serve_warm(spec: str, relay_path: str) -> int:
+    """The zygote's loop (see above); ends at the end of stdin."""
+    import json
+
+    _prctl(PR_SET_DUMPABLE, 0)  # a sample's agent (same uid) can neither ptrace this process nor read its pipes
+    func = load(spec, os.environ.get("POLAR_AGENT_DIR"))
+    for name in getattr(importlib.import_module(spec.partition(":")[0]), "POLAR_PRELOAD", ()):
+        importlib.import_module(name)
+    relay = _load_relay(relay_path)
+    reply = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)  # nothing but answers on the answer channel
+    reply.write(json.dumps({"ready": os.getpid()}) + "\n")
+    for line in sys.stdin:
+        req = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        leader = os.fork()
+        if leader == 0:
+            _leader(spec, func, relay, req, reply.fileno())
+        _, status = os.waitpid(leader, 0)
+        code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+        killed, clean = kill_all_but_ancestors()
+        for directory in ("/tmp", "/dev/shm"):
+            _empty(directory)
+        reply.write(json.dumps({"nonce": req["nonce"], "exit": code, "killed": killed, "clean": clean}) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m polar.rollout.pyagent", description=__doc__.split("\n\n")[0])
+    parser.add_argument("spec", metavar="MODULE:FUNC")
+    parser.add_argument("--instruction-file", metavar="FILE",
+                        help="the instruction (default: $POLAR_INSTRUCTION_FILE, else stdin)")
+    parser.add_argument("--warm", action="store_true", help="be a warm slot's zygote (rollout/warm.py)")
+    parser.add_argument("--relay", metavar="FILE", help="--warm: the sandbox's relay.py")
+    args = parser.parse_args(argv)
+    if args.warm:
+        if not args.relay:
+            parser.error("--warm needs --relay FILE")
+        return serve_warm(args.spec, args.relay)
+    try:
+        func = load(args.spec, os.environ.get("POLAR_AGENT_DIR"))
+        instruction = read_instruction(args.instruction_file)
+    except BaseException:  # noqa: BLE001 — an agent that cannot be loaded is its exit 1, with the traceback
+        traceback.print_exc()
+        sys.stderr.flush()
+        return 1
+    return call(args.spec, func, instruction)
 
 
 if __name__ == "__main__":

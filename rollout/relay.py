@@ -387,7 +387,7 @@ def _signal_ready(path: str) -> None:
 
 # ---------------------------------------------------------------------------------------------- dying with the runner
 
-PR_SET_PDEATHSIG, PR_SET_CHILD_SUBREAPER = 1, 36
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
 RUNNER_GONE = signal.SIGUSR2  # the wrapper's parent-death signal: a signal nobody else sends it
 
 
@@ -499,6 +499,7 @@ def sandbox_main(argv: list[str]) -> int:
     if args.drop and os.getuid() == 0:  # first: the files below belong to the sandbox's uid
         uid, gid = (int(x) for x in args.drop.split(":"))
         _drop_privileges(uid, gid)
+    _prctl(PR_SET_DUMPABLE, 0)  # the agent (the same uid) cannot ptrace the wrapper or open its fds in /proc
     with open(args.env, encoding="utf-8") as f:
         spec = json.load(f)
     env: dict[str, str] = dict(spec["env"])

@@ -92,9 +92,13 @@ class _Attempt:
                                 "mounts": [[str(m.host), m.inside, m.writable] for m in mounts], "timeout_s": timeout}
         self.lap("setup")
         _check_cancel()
+        run = sb.run_sandboxed
+        if ctx.warm and not job.canary:
+            from polar.rollout.warm import run_warm as run
+            self.detail["agent"]["warm"] = True
         try:
-            res = sb.run_sandboxed(spec, argv, stdout=self.sample_dir / "agent.stdout",
-                                   stderr=self.sample_dir / "agent.stderr", timeout=timeout)
+            res = run(spec, argv, stdout=self.sample_dir / "agent.stdout", stderr=self.sample_dir / "agent.stderr",
+                      timeout=timeout)
         finally:
             self.lap("agent")
         _check_cancel()

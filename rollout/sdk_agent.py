@@ -21,6 +21,8 @@ TOOL_SCHEMA = {"type": "object", "properties": {
     "path": {"type": "string", "description": "file name, relative to the workdir"},
     "content": {"type": "string", "description": "the whole file"}}, "required": ["path", "content"]}
 PROTOCOLS = ("anthropic_messages", "openai_chat", "openai_responses", "google_generate")
+# What a warm slot's zygote imports once (rollout/warm.py): the SDKs, imported lazily per protocol otherwise.
+POLAR_PRELOAD = ("anthropic", "openai", "google.genai")
 
 
 def run_tool(workdir: str, arguments) -> str:

@@ -38,6 +38,7 @@ from polar.launch import paths
 from polar.launch import proxy as launch_proxy
 from polar.rollout import proxyctl, runflows
 from polar.rollout import serve_protocol as sp
+from polar.rollout import warm
 from polar.rollout.common import CANCEL, PREFLIGHT, UsageError, lock_dir, now, read_json
 from polar.rollout.job import AgentSpec, SampleContext
 from polar.rollout.options import check_proxy_sets
@@ -366,6 +367,7 @@ class Serve:
         deadline = time.monotonic() + JOIN_S
         for thread in list(self.threads.values()):
             thread.join(max(0.0, deadline - time.monotonic()))
+        warm.close_all()
         proxyctl.stop_proxy(self.proxy)
         for pid in launch_proxy.started_pids():  # one started by a start cut short before it was ours
             stop_process_group(pid)

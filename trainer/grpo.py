@@ -218,6 +218,7 @@ def _drawn_from_policy(mb: MicroBatch, on: torch.Tensor) -> torch.Tensor:
     return on if mb.staleness is None else on & (mb.staleness <= 0)
 
 
+@torch.no_grad()
 def _measure(model, batches: MicroBatches, reference=None) -> tuple[float | None, float | None]:
     """(mean token entropy over the trainable tokens of `batches`, k3 KL to `reference` over those the policy in
     memory sampled — None without a reference or such a token), no gradient."""

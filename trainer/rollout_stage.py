@@ -136,7 +136,17 @@ class RolloutService:
         return protocol.RolloutRequest(
             out=str(out), tasks=tuple(tasks), agent=self.plan.agent, samples=samples, run_id=run_id,
             no_process=not process, process_opt=(f"--tokenizer={self.plan.model}",) if process else (),
-            extra_args=tuple(self.each_run), log=str(out.with_suffix(".log")))
+            extra_args=tuple(self.run_args()), log=str(out.with_suffix(".log")))
+
+    def run_args(self) -> list[str]:
+        """Each run's polar-rollout arguments: --rollout-opt's, and --warm-agents for a python: agent in bwrap
+        unless --rollout-opt says --[no-]warm-agents (a step's samples then pay no SDK import: rollout/warm.py)."""
+        args = list(self.each_run)
+        said = any(a.split("=", 1)[0] in ("--warm-agents", "--no-warm-agents") for a in args)
+        if not said and self.plan.agent.startswith("python:") and self.ready is not None \
+                and self.ready.sandbox == "bwrap":
+            args.append("--warm-agents")
+        return args
 
     def submit(self, step: int, evaluate: bool = False) -> Started:
         """Ask for step `step`'s rollout (and, with `evaluate`, the held-out tasks' beside it: no update follows

@@ -11,6 +11,10 @@ through the proxy with the official openai SDK (HTTPS_PROXY and SSL_CERT_FILE co
   no-call           the right answer without calling the model (infra_error: no call with token ids)
   stream-gated      writes pids.json (its pid) in the workdir, then streams its one answer (the test holds that
                     stream mid-answer past the agent's timeout), then the right answer
+  leave-behind      prints what it finds of earlier samples (processes named polar-leftover, files in /tmp), whether
+                    openai was imported before it asked (a warm slot's zygote preloads it), then leaves a detached
+                    polar-leftover process and a /tmp file behind, calls, and writes the right answer
+  hang-k0           leave-behind, except that k = 0 sleeps past any agent timeout after its call
   spawn-hang        with POLAR_TEST_HANG=1: starts a child and a detached one (in a session of its own), writes
                     pids.json (its pid, theirs, its POLAR_SANDBOX_DIR) in the workdir and sleeps; else the right
                     answer
@@ -24,7 +28,23 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 import time
+
+POLAR_PRELOAD = ("openai",)  # what a warm slot's zygote imports once (rollout/warm.py)
+
+
+def _stat(pid: int) -> list[str]:
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def _parent_of(pid: int) -> int:
+    return int(_stat(pid)[1])
+
+
+def _start_of(pid: int) -> int:
+    """The process's start time in clock ticks since boot: the same number for the same process."""
+    return int(_stat(pid)[19])
 
 
 def ask(distrust: bool = False) -> str:
@@ -64,6 +84,25 @@ def run(instruction: str, workdir: str, env: dict) -> int | None:
     if mode == "stream-gated":
         (app / "pids.json").write_text(json.dumps({"agent": os.getpid()}))
         ask_streaming()
+        (app / "answer.txt").write_text("42\n")
+        return 0
+    if mode in ("leave-behind", "hang-k0"):
+        seen = {"preloaded": "openai" in sys.modules, "tmp": sorted(os.listdir("/tmp")), "leftovers": [],
+                "grandparent_start": _start_of(_parent_of(os.getppid()))}
+        for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+            try:
+                if b"polar-leftover" in pathlib.Path(f"/proc/{pid}/cmdline").read_bytes():
+                    seen["leftovers"].append(int(pid))
+            except OSError:
+                continue
+        print(json.dumps(seen), flush=True)
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "polar-leftover"],
+                         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)
+        pathlib.Path(f"/tmp/polar-leftover-{k}").write_text("left\n")
+        ask()
+        if mode == "hang-k0" and k == 0:
+            time.sleep(600)
         (app / "answer.txt").write_text("42\n")
         return 0
     if mode == "canary":

@@ -1,0 +1,36 @@
+"""polar-train's rollout stage (trainer/rollout_stage.py) without a serve: which --rollout-opt flags go to the serve
+and which to each step's request, and --warm-agents added for a python: agent in bwrap unless said otherwise."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from polar.trainer.rollout_stage import RolloutService, split_opts
+
+pytestmark = pytest.mark.unit
+
+
+def test_serve_flags_go_to_the_serve_and_the_rest_to_each_run():
+    serve, each = split_opts(["--sandbox", "bwrap", "--parallel=3", "--skip-preflight", "--agent-timeout=60",
+                              "--no-warm-agents"])
+    assert serve == ["--sandbox", "bwrap", "--parallel=3", "--skip-preflight"]
+    assert each == ["--agent-timeout=60", "--no-warm-agents"]
+
+
+@pytest.mark.parametrize("agent, sandbox, opts, warm", [
+    ("python:polar.rollout.sdk_agent:answer", "bwrap", [], True),
+    ("python:polar.rollout.sdk_agent:answer", "none", ["--sandbox=none"], False),
+    ("python:polar.rollout.sdk_agent:answer", "docker", ["--sandbox=docker"], False),
+    ("pi", "bwrap", [], False),
+    ("python:polar.rollout.sdk_agent:answer", "bwrap", ["--no-warm-agents"], False),
+    ("python:polar.rollout.sdk_agent:answer", "bwrap", ["--warm-agents"], True),
+])
+def test_a_python_agent_in_bwrap_runs_warm_unless_said(tmp_path: Path, agent, sandbox, opts, warm):
+    service = RolloutService(SimpleNamespace(rollout_opt=opts, agent=agent), tmp_path, "http://127.0.0.1:1/v1")
+    service.ready = SimpleNamespace(sandbox=sandbox)
+    args = service.run_args()
+    assert args.count("--warm-agents") == (1 if warm else 0), args
+    assert ("--no-warm-agents" in args) == ("--no-warm-agents" in opts)
