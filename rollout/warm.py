@@ -67,7 +67,12 @@ _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polar-warm-spaw
 class Slot:
     def __init__(self, key: SlotKey, env: dict[str, str]):
         self.key = key
-        self.root = Path(tempfile.mkdtemp(prefix="polar-warm-", dir=sb._control_base()))
+        # named and owned like a control directory, so a dead runner's slot is swept like its sandboxes' are
+        self.root = Path(tempfile.mkdtemp(prefix=f"{sb.CONTROL_PREFIX}warm-", dir=sb._control_base()))
+        tmp = self.root / f".{sb.OWNER_FILE}.tmp"
+        tmp.write_text(json.dumps({"pid": os.getpid(), "start": sb._start_ticks(os.getpid()), "kind": "warm",
+                                   "created": time.time()}))
+        os.replace(tmp, self.root / sb.OWNER_FILE)
         self.app, self.home, self.io = self.root / "app", self.root / "home", self.root / "io"
         for d in (self.app, self.home, self.io):
             d.mkdir()

@@ -7,19 +7,28 @@ against the scripted upstream behind the runner's own proxy (tests/rollout/testa
 1.2  a sample past its timeout ends its slot (agent_timeout); the next sample of the same task (the same slot key)
      gets a new slot, with nothing of the killed one left, and completes
 1.3  --warm-agents outside bwrap or for a CLI agent is refused with one line (exit 2)
+1.4  a runner killed with -9 mid-sample: its slot's sandbox dies with it, and the sweep (the next run's first step)
+     removes the slot's directory
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.rollout.rollout_support import AGENT, explain, latest, make_task, results, rollout
+from polar.rollout import sandbox as sb
+from tests.rollout.rollout_support import AGENT, explain, latest, make_task, results, rollout, start_rollout
 from tests.support.need import need_sandbox
 
 pytestmark = pytest.mark.integration
+# 1.4: how long the runner may take to start its proxy and the slot (bwrap, an interpreter, openai's import) under
+# load, and its slot to die after the kill; only a machine too loaded to run the suite reaches it
+RUNNER_WAIT_S = 120
 
 
 def _seen(run: Path, task: str, k: int) -> dict:
@@ -98,3 +107,49 @@ def test_1_3_warm_agents_is_for_python_agents_in_bwrap_only(tmp_path, upstream, 
                    "--warm-agents", *extra)
     assert proc.returncode == 2, explain(proc)
     assert "--warm-agents applies to python: agents in --sandbox bwrap only" in proc.stderr
+
+
+def _slot_dirs_of(pid: int) -> list[Path]:
+    out = []
+    for base in sorted({sb._control_base(), "/tmp"}):
+        for d in Path(base).glob(f"{sb.CONTROL_PREFIX}warm-*"):
+            try:
+                if json.loads((d / sb.OWNER_FILE).read_text())["pid"] == pid:
+                    out.append(d)
+            except (OSError, ValueError, KeyError):
+                continue
+    return out
+
+
+def test_1_4_a_killed_runner_leaves_no_slot_running_and_the_sweep_removes_its_directory(tmp_path, upstream):
+    need_sandbox("bwrap")
+    tasks = tmp_path / "tasks"
+    make_task(tasks, "hang", "hang-k0")
+    run = tmp_path / "run"
+    proc = start_rollout(str(tasks), *_args(tmp_path, upstream, run, "--samples", "1", "--warm-agents",
+                                            "--run-id", "w4"))
+    try:
+        deadline = time.monotonic() + RUNNER_WAIT_S
+        while not _seen_hanging(proc.pid) and proc.poll() is None:  # the agent has called and hangs
+            assert time.monotonic() < deadline, "the sample never started"
+            time.sleep(0.1)
+        dirs = _slot_dirs_of(proc.pid)
+        assert len(dirs) == 1
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate()
+    deadline = time.monotonic() + RUNNER_WAIT_S
+    while _leftovers_on_host():  # the slot's sandbox dies with the runner (bwrap --die-with-parent)
+        assert time.monotonic() < deadline, _leftovers_on_host()
+        time.sleep(0.1)
+    removed, _ = sb.sweep_stale_controls()
+    assert removed >= 1 and not dirs[0].exists()
+
+
+def _seen_hanging(runner: int) -> bool:
+    """The hanging sample's agent has printed what it saw (before its call and its sleep): it is mid-sample."""
+    outs = [d / "io" / "1.stdout" for d in _slot_dirs_of(runner)]
+    return any(p.exists() and p.read_text().strip() for p in outs)
