@@ -115,9 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve.main(argv[1:])
     args = parser().parse_args(argv)
-    from polar.rollout import runner
-
-    from polar.rollout import warm
+    from polar.rollout import runner, warm
 
     try:
         return runner.main(options(args))

@@ -44,7 +44,8 @@ class Options:
 # Options a resumed run must keep (its identity), and the ones it takes from run.json unless given again.
 IDENTITY = ("tasks", "agent", "samples", "sandbox")
 REUSED = ("parallel", "image", "model", "agent_timeout", "verify_timeout", "proxy_set", "upstream", "proxy_json",
-          "retry_infra", "no_process", "process_opt", "sft_min_reward", "engine", "ray_address", "confdir", "npm_dir", "warm_agents")
+          "retry_infra", "no_process", "process_opt", "sft_min_reward", "engine", "ray_address", "confdir", "npm_dir",
+          "warm_agents")
 
 
 def check_options(o: Options) -> AgentSpec:

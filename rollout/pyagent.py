@@ -71,18 +71,6 @@ def call(spec: str, func, instruction: str) -> int:
 # agent's connections to that sample's own host socket; when the leader ends, every other process of the sandbox is
 # killed and /tmp and /dev/shm are emptied before the answer. Requests carry a nonce the answer repeats.
 
-PR_SET_DUMPABLE = 4
-KILL_ROUNDS = 200  # SIGKILL sweeps before a sandbox counts as not clean (a fork bomb outrunning them)
-
-
-def _prctl(option: int, value: int) -> None:
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(option, value, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), f"prctl({option})")
-
-
 def _load_relay(path: str):
     import importlib.util
 
@@ -92,51 +80,6 @@ def _load_relay(path: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
-
-
-def _proc_table() -> dict[int, tuple[int, bytes]]:
-    """pid → (ppid, state) of every process this pid namespace shows."""
-    out = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-                out[int(entry)] = (int(fields[1]), fields[0])
-            except (OSError, ValueError, IndexError):
-                continue
-    return out
-
-
-def kill_all_but_ancestors() -> tuple[int, bool]:
-    """SIGKILL every process of the sandbox but this one and its ancestors (the wrapper, bwrap), until none is
-    left: (how many were killed, whether none is left)."""
-    import time
-
-    table = _proc_table()
-    keep, p = {os.getpid()}, os.getpid()
-    while p in table and table[p][0] not in keep and table[p][0] > 0:
-        p = table[p][0]
-        keep.add(p)
-    killed = set()
-    for _ in range(KILL_ROUNDS):
-        others = [pid for pid, (_, state) in _proc_table().items() if pid not in keep and state != b"Z"]
-        if not others:
-            return len(killed), True
-        for pid in others:
-            try:
-                os.kill(pid, 9)
-                killed.add(pid)
-            except OSError:
-                pass
-        while True:  # our own children (the leader's orphans go to the namespace's init)
-            try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
-        time.sleep(0.002)
-    return len(killed), False
 
 
 def _empty(directory: str) -> None:
@@ -157,16 +100,6 @@ def _empty(directory: str) -> None:
             pass
 
 
-def _listen(port: int):
-    import socket
-
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # the last sample's connections in TIME_WAIT
-    listener.bind(("127.0.0.1", port))
-    listener.listen(128)
-    return listener
-
-
 def _leader(spec: str, func, relay, req: dict, reply_fd: int) -> None:
     """The forked leader of one sample: never returns."""
     code = 125
@@ -180,14 +113,11 @@ def _leader(spec: str, func, relay, req: dict, reply_fd: int) -> None:
             os.dup2(fd, target)
             os.close(fd)
         env = dict(req["env"])
-        listener = _listen(int(req["port"]))
-        url = f"http://{req['proxy_user']}:x@127.0.0.1:{listener.getsockname()[1]}"
-        env["HTTPS_PROXY"] = env["https_proxy"] = url
-        env["NO_PROXY"] = env["no_proxy"] = ""
+        listener = relay._listen(env, req["proxy_user"], int(req["port"]))  # HTTPS_PROXY points at it
         agent = os.fork()
         if agent == 0:  # the agent: a copy of the pre-imported interpreter, single-threaded
             listener.close()
-            _prctl(PR_SET_DUMPABLE, 1)  # as a cold agent is: the zygote's protection is the zygote's
+            relay._prctl(relay.PR_SET_DUMPABLE, 1)  # as a cold agent is: the zygote's protection is the zygote's
             os.environ.clear()
             os.environ.update(env)
             os.chdir(req["cwd"])
@@ -208,11 +138,11 @@ def serve_warm(spec: str, relay_path: str) -> int:
     """The zygote's loop (see above); ends at the end of stdin."""
     import json
 
-    _prctl(PR_SET_DUMPABLE, 0)  # a sample's agent (same uid) can neither ptrace this process nor read its pipes
+    relay = _load_relay(relay_path)  # the sandbox's wrapper module: the listener, prctl, the sweep
+    relay._prctl(relay.PR_SET_DUMPABLE, 0)  # a sample's agent (same uid) cannot ptrace this process or read its pipes
     func = load(spec, os.environ.get("POLAR_AGENT_DIR"))
     for name in getattr(importlib.import_module(spec.partition(":")[0]), "POLAR_PRELOAD", ()):
         importlib.import_module(name)
-    relay = _load_relay(relay_path)
     reply = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, 1)  # nothing but answers on the answer channel
@@ -226,7 +156,7 @@ def serve_warm(spec: str, relay_path: str) -> int:
             _leader(spec, func, relay, req, reply.fileno())
         _, status = os.waitpid(leader, 0)
         code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
-        killed, clean = kill_all_but_ancestors()
+        killed, clean = relay.kill_all_but_ancestors()
         for directory in ("/tmp", "/dev/shm"):
             _empty(directory)
         reply.write(json.dumps({"nonce": req["nonce"], "exit": code, "killed": killed, "clean": clean}) + "\n")

@@ -369,6 +369,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 def _listen(env: dict[str, str], proxy_user_name: str | None, port: int) -> socket.socket:
     """The relay's listener on the sandbox's own loopback; the agent's proxy variables point at it."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # a warm slot's next sample binds the port while the last one's connections are in TIME_WAIT (rollout/warm.py)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(128)
     url = f"http://{proxy_user_name or 'sandbox'}:x@127.0.0.1:{listener.getsockname()[1]}"
@@ -399,16 +401,23 @@ def _prctl(option: int, value: int) -> None:
         raise OSError(ctypes.get_errno(), f"prctl({option})")
 
 
-def _descendants(root: int) -> list[int]:
-    """Every live descendant of `root` (from /proc: pid → ppid)."""
-    parent: dict[int, int] = {}
+def proc_table() -> dict[int, tuple[int, bytes]]:
+    """pid → (ppid, state) of every process /proc shows (in a sandbox: its pid namespace's)."""
+    out = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 with open(f"/proc/{entry}/stat", "rb") as f:
-                    parent[int(entry)] = int(f.read().rsplit(b")", 1)[1].split()[1])
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                out[int(entry)] = (int(fields[1]), fields[0])
             except (OSError, ValueError, IndexError):
                 continue
+    return out
+
+
+def _descendants(root: int) -> list[int]:
+    """Every live descendant of `root` (from /proc: pid → ppid)."""
+    parent = {pid: ppid for pid, (ppid, _) in proc_table().items()}
     out, todo = [], [root]
     while todo:
         p = todo.pop()
@@ -429,12 +438,45 @@ def kill_descendants() -> None:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
-        while True:
+        _reap_children()
+
+
+KILL_ROUNDS = 200  # SIGKILL sweeps before a sandbox counts as not clean (a fork bomb outrunning them)
+
+
+def _reap_children() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
+
+
+def kill_all_but_ancestors() -> tuple[int, bool]:
+    """A warm slot's sweep between samples (rollout/warm.py): SIGKILL every process of the sandbox's pid namespace but
+    this one and its ancestors (the wrapper, bwrap), until none is left: (how many were killed, whether none is)."""
+    import time
+
+    table = proc_table()
+    keep, p = {os.getpid()}, os.getpid()
+    while p in table and table[p][0] not in keep and table[p][0] > 0:
+        p = table[p][0]
+        keep.add(p)
+    killed = set()
+    for _ in range(KILL_ROUNDS):
+        others = [pid for pid, (_, state) in proc_table().items() if pid not in keep and state != b"Z"]
+        if not others:
+            return len(killed), True
+        for pid in others:
             try:
-                if os.waitpid(-1, os.WNOHANG)[0] == 0:
-                    break
-            except ChildProcessError:
-                break
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except OSError:
+                pass
+        _reap_children()  # our own; the leader's orphans go to the namespace's init
+        time.sleep(0.002)
+    return len(killed), False
 
 
 def die_with(parent: int) -> None:

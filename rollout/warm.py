@@ -25,6 +25,7 @@ one. bwrap only; the canary (preflight) stays cold.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -136,7 +137,8 @@ class Slot:
         assert self.proc is not None and self.proc.stdin is not None
         n = self.samples = self.samples + 1
         sb._hand_over(spec)  # the sample's fresh app and HOME belong to the sandbox's uid, as in a cold sandbox
-        moved_in = _move_entries(spec.app, self.app) + _move_entries(spec.home, self.home)
+        _move_entries(spec.app, self.app)
+        _move_entries(spec.home, self.home)
         relay = HostRelay(str(self.ctl.dir / f"proxy-{n}.sock"), spec.proxy_port, spec.session or "",
                           owner=self.owner) if spec.proxy_port is not None else None
         env = dict(spec.env)
@@ -167,7 +169,7 @@ class Slot:
             connections = relay.connections if relay is not None else 0
             if relay is not None:
                 relay.close()
-                with _suppressed():
+                with contextlib.suppress(OSError):
                     os.unlink(relay.path)
             for name, dst in ((f"{n}.stdout", stdout), (f"{n}.stderr", stderr)):
                 src = self.io / name
@@ -187,7 +189,6 @@ class Slot:
             reusable = bool(answer.get("clean")) and self.alive()
             if not reusable:
                 self.kill()
-        del moved_in
         result = sb.SandboxResult(exit_code=None if answer is None else answer["exit"], timed_out=timed_out,
                                   wall_s=wall, memory_limit=self.memory_limit, proxy_connections=connections)
         return result, reusable
@@ -207,7 +208,7 @@ class Slot:
         self.kill()
         if self.proc is not None:
             for f in (self.proc.stdin, self.proc.stdout):
-                with _suppressed():
+                with contextlib.suppress(OSError):
                     f.close()
         if getattr(self, "stderr", None) is not None:
             self.stderr.close()
@@ -217,27 +218,17 @@ class Slot:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-class _suppressed:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return exc[0] is not None and issubclass(exc[0], OSError)
-
-
 def _instruction_file(argv: list[str]) -> str:
     if "--instruction-file" not in argv:
         raise sb.SandboxError("a warm slot needs the agent's --instruction-file")
     return argv[argv.index("--instruction-file") + 1]
 
 
-def _move_entries(src: Path, dst: Path) -> int:
-    """Move every entry of directory `src` into directory `dst` (empty first): renames on one filesystem."""
+def _move_entries(src: Path, dst: Path) -> None:
+    """Move every entry of directory `src` into directory `dst` (emptied first): renames on one filesystem."""
     _empty(dst)
-    names = os.listdir(src)
-    for name in names:
+    for name in os.listdir(src):
         shutil.move(os.path.join(src, name), os.path.join(dst, name))
-    return len(names)
 
 
 def _empty(directory: Path) -> None:
@@ -246,7 +237,7 @@ def _empty(directory: Path) -> None:
         if p.is_dir() and not p.is_symlink():
             shutil.rmtree(p, ignore_errors=True)
         else:
-            with _suppressed():
+            with contextlib.suppress(OSError):
                 p.unlink()
 
 

@@ -155,9 +155,8 @@ def _accumulate(model, batches: MicroBatches, config: GrpoConfig, *, measure: bo
             if reference is not None:
                 with torch.no_grad():
                     ref = token_logprobs(reference, **mb.model_inputs())
-                    drawn = _drawn_from_policy(mb, on)
-                    d = (ref - logprobs.detach())[drawn]  # log π_ref − log π on tokens drawn from π
-                    kl_sum, kl_n = kl_sum + float((torch.exp(d) - d - 1).sum()), kl_n + int(drawn.sum())
+                    k3, n = _k3_sum(ref, logprobs.detach(), _drawn_from_policy(mb, on))
+                    kl_sum, kl_n = kl_sum + k3, kl_n + n
         else:
             logprobs = token_logprobs(model, **mb.model_inputs())
         terms, st = token_terms(logprobs, mb, config)
@@ -219,6 +218,13 @@ def _drawn_from_policy(mb: MicroBatch, on: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def _k3_sum(ref: torch.Tensor, logprobs: torch.Tensor, drawn: torch.Tensor) -> tuple[float, int]:
+    """(Σ k3, tokens) over `drawn`: k3 = e^d − d − 1, d = log π_ref − log π."""
+    d = (ref - logprobs)[drawn]
+    return float((torch.exp(d) - d - 1).sum()), int(drawn.sum())
+
+
+@torch.no_grad()
 def _measure(model, batches: MicroBatches, reference=None) -> tuple[float | None, float | None]:
     """(mean token entropy over the trainable tokens of `batches`, k3 KL to `reference` over those the policy in
     memory sampled — None without a reference or such a token), no gradient."""
@@ -230,9 +236,8 @@ def _measure(model, batches: MicroBatches, reference=None) -> tuple[float | None
         on = mb.loss_mask > 0
         ent_sum += float(ent[on].sum())
         if reference is not None:
-            drawn = _drawn_from_policy(mb, on)
-            d = (token_logprobs(reference, **mb.model_inputs()) - logprobs)[drawn]
-            kl_sum, kl_n = kl_sum + float((torch.exp(d) - d - 1).sum()), kl_n + int(drawn.sum())
+            k3, n = _k3_sum(token_logprobs(reference, **mb.model_inputs()), logprobs, _drawn_from_policy(mb, on))
+            kl_sum, kl_n = kl_sum + k3, kl_n + n
     return ent_sum / total, (kl_sum / kl_n if reference is not None and kl_n else None)
 
 
