@@ -72,6 +72,8 @@ class PendingCall:
     t_start: float
     decode_error: str | None = None
     extra: dict = field(default_factory=dict)
+    connect: str = "proxy"  # how the agent reached us: proxy | base_url (the record's `connect`)
+    path_session: str | None = None  # base-URL mode: the session the path prefix names (/s/<session>/)
 
 
 def strip_key_param(path: str) -> tuple[str, bool]:
@@ -122,7 +124,7 @@ class Call:
         self.p, self.responder, self.settings, self.backend = p, responder, settings, backend
         self.codec, self.route = codec, route
         self.rec = Recorder(writer, settings.exact, id=p.record_id, session_source="none", conn_id=p.conn_id,
-                            protocol=codec.PROTOCOL, host=p.host, path=p.path, stream=bool(route.stream),
+                            connect=p.connect, protocol=codec.PROTOCOL, host=p.host, path=p.path, stream=bool(route.stream),
                             t_start=p.t_start, request=p.body, request_headers=rec.redact_headers(p.headers),
                             model_requested=route.model)
         self.plan: ChatPlan | None = None
@@ -200,7 +202,7 @@ class Call:
     async def _translate(self, body: dict) -> ChatPlan:
         p = self.p
         key = self.codec.session_key(p.headers, body)
-        session, source = sessions.resolve(p.conn_user, p.headers, key)
+        session, source = sessions.resolve(p.conn_user, p.headers, key, p.path_session)
         self.rec.set(session=session, session_source=source)
         try:
             plan = self.codec.to_chat(body, self.route)

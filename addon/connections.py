@@ -5,13 +5,15 @@
 - `Sessions`: the proxy credentials of each CONNECT name the session of every call on that connection; client TLS
   handshakes that failed are counted per session (an agent that does not trust our CA).
 - `Refuse`: polar_other_hosts=refuse serves provider hosts only — a CONNECT to any other host gets 403 and no
-  tunnel, and so does every plain-HTTP request but the readiness probe (sandboxed rollouts).
+  tunnel, and so does every plain-HTTP request but the readiness probe and base-URL requests to the gateway's own
+  address (sandboxed rollouts).
 """
 
 from __future__ import annotations
 
 from mitmproxy import http, tls
 
+from . import base_url
 from . import hosts as hostlist
 from . import sessions
 from .gateway import GatewayAddon, request_hook
@@ -51,6 +53,8 @@ class Refuse(GatewayAddon):
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or not self.gateway.refuses_others():
             return
+        if base_url.own_address_port(flow, flow.client_conn.id in self.gateway.conn_users) is not None:
+            return  # addressed to the gateway itself (base-URL mode): Reroute serves it or says why not
         req = flow.request  # the readiness probe was answered by Readiness, which runs first
         if req.scheme != "https" or not is_provider_flow(self.gateway.hosts, flow):
             self._refuse(flow, f"{req.method} {req.scheme}://{req.pretty_host}:{req.port}{req.path[:200]}")

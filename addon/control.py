@@ -3,7 +3,7 @@ the backend reloads its weights, release it with the new policy version, and say
 
   POST /admin/hold                               held until released, or until `polar_hold_timeout` expires
   POST /admin/release {"weight_version": V}      V (a string) becomes the version stamped on records; absent: kept
-  GET  /admin/state                              {"held", "weight_version", "in_flight", "waiting", ...}
+  GET  /admin/state                              {"held", "weight_version", "in_flight", "waiting", "served", ...}
 
 They listen on their own port on 127.0.0.1 (never the agent-facing one), and every request needs the header
 `x-polar-control-token` equal to the token file's content (`polar_control_token`, default
@@ -84,6 +84,8 @@ class Control:
         self._open.set()
         self._expiry: asyncio.TimerHandle | None = None
         self._held_since: float | None = None
+        # calls served per path (the gateway counts them; the state answer and the readiness probe show them)
+        self.served = {"diverted": 0, "rerouted": 0, "base_url": 0, "base_url_refused": 0}
 
     @property
     def held(self) -> bool:
@@ -150,7 +152,7 @@ class Control:
         held_for = time.monotonic() - self._held_since if self._held_since is not None else None
         return {"held": self.held, "weight_version": self.weight_version, "in_flight": self.in_flight,
                 "waiting": self.waiting, "held_for_s": held_for, "hold_timeout_s": self.hold_timeout,
-                "holds": self.holds, "expired": self.expired}
+                "holds": self.holds, "expired": self.expired, "served": dict(self.served)}
 
     def close(self) -> None:
         self._reopen()

@@ -4,7 +4,9 @@
   certificate for the CONNECT host / SNI; the tls_* hooks still run) over a raw TCP relay to the gateway's endpoint
   on 127.0.0.1, which parses the agent's HTTP itself: no HTTP flow, no per-call hooks. It runs before mitmproxy's
   own NextLayer addon (mitmdump loads -s scripts first), which leaves a layer set here alone. What is not diverted
-  goes to the built-in stack and the request-hook fallback (`Reroute`).
+  goes to the built-in stack and the request-hook fallback (`Reroute`). A base-URL connection (plain HTTP whose
+  first request line is origin-form, `POST /openai/v1/...`, addon/base_url.py) is relayed to the endpoint the
+  same way, without TLS: the endpoint reads and admits each of its requests.
 - `Hops` (server_connected): before mitmproxy relays a byte over a hop to the endpoint (it awaits this hook), tell
   the endpoint whose connection it carries.
 """
@@ -20,6 +22,7 @@ from mitmproxy.proxy.layers import ClientTLSLayer, HttpLayer, TCPLayer, modes
 from mitmproxy.proxy.layers.http import HttpStream
 from mitmproxy.proxy.layers.tls import parse_client_hello
 
+from . import base_url
 from . import hosts as hostlist
 from .endpoint import Handoff
 from .gateway import ENDPOINT_HOST, GatewayAddon
@@ -42,6 +45,9 @@ class Divert(GatewayAddon):
         if o is None or not o.divert or g.failure is not None or port is None:
             return  # off, failing closed (the request hook answers 503) or no endpoint yet
         c = nextlayer.context
+        if len(c.layers) == 1:
+            self._divert_base_url(nextlayer)
+            return
         # Only the content of a regular-mode CONNECT tunnel: [HttpProxy, HttpLayer, HttpStream(CONNECT)].
         if not (len(c.layers) == 3 and isinstance(c.layers[0], modes.HttpProxy) and isinstance(c.layers[1], HttpLayer)
                 and isinstance(c.layers[2], HttpStream)) or c.client.transport_protocol != "tcp":
@@ -69,8 +75,21 @@ class Divert(GatewayAddon):
         g.tunnels[c.client.id] = (hop.server.id, host.lower().rstrip("."), tport)
         nextlayer.layer = tls_layer
 
+    def _divert_base_url(self, nextlayer: layer.NextLayer) -> None:
+        c, g = nextlayer.context, self.gateway
+        if not isinstance(c.layers[0], modes.HttpProxy) or c.client.transport_protocol != "tcp" \
+                or not c.client.sockname:
+            return
+        if not base_url.ORIGIN_FORM.match(nextlayer.data_client()[:9]) \
+                or not base_url.enabled(g.options.base_url, base_url.listen_host()):
+            return  # the HTTP path: a refusal that says why comes from Reroute
+        c.server = connection.Server(address=(ENDPOINT_HOST, g.endpoint.port))
+        g.base_url_conns[c.client.id] = (c.server.id, int(c.client.sockname[1]))
+        nextlayer.layer = TCPLayer(c, ignore=True)
+
     def client_disconnected(self, client) -> None:
         self.gateway.tunnels.pop(client.id, None)
+        self.gateway.base_url_conns.pop(client.id, None)
 
 
 class Hops(GatewayAddon):
@@ -81,7 +100,10 @@ class Hops(GatewayAddon):
             return
         tunnel = g.tunnels.get(data.client.id)
         conn_user = g.conn_users.get(data.client.id)
-        if tunnel is not None and tunnel[0] == server.id:
+        direct = g.base_url_conns.get(data.client.id)
+        if direct is not None and direct[0] == server.id:
+            handoff = Handoff(conn_id=data.client.id, listen_port=direct[1])
+        elif tunnel is not None and tunnel[0] == server.id:
             handoff = Handoff(conn_id=data.client.id, conn_user=conn_user, host=tunnel[1], port=tunnel[2])
         else:
             handoff = Handoff(conn_id=data.client.id, conn_user=conn_user)  # a rerouted flow's hop (token calls)

@@ -9,6 +9,8 @@ Two kinds of connection reach it, both opened by mitmproxy and announced by the 
 - a diverted provider tunnel (the default, `polar_divert`): mitmproxy terminates TLS and relays the agent's
   decrypted HTTP/1.1 unchanged, so this endpoint parses the agent's own requests — keep-alive, `Expect:
   100-continue` (mitmproxy used to answer it), and the body cap (`polar_max_body_mb`) while reading;
+- a base-URL connection (addon/base_url.py): the agent's plain HTTP to the proxy port, relayed unchanged, each
+  request admitted and mapped to its provider host by the gateway;
 - the hop of a rerouted flow (the `request`-hook fallback): mitmproxy's HTTP client sends a token request
   `POST /polar/<flow id>` and relays our answer as a stream.
 A connection nobody handed over (any other local process) is closed without a byte.
@@ -40,10 +42,15 @@ class Handoff:
     conn_user: str | None = None  # the proxy user name of that connection's CONNECT
     host: str | None = None  # a diverted tunnel: the CONNECT host (lower case) and port; None: a rerouted flow's hop
     port: int | None = None
+    listen_port: int | None = None  # a base-URL connection: the proxy port the agent connected to
 
     @property
     def diverted(self) -> bool:
         return self.host is not None
+
+    @property
+    def base_url(self) -> bool:
+        return self.listen_port is not None
 
 
 @dataclass

@@ -36,6 +36,7 @@ from mitmproxy import ctx, http
 
 from polar.records import FlowWriter
 
+from . import base_url
 from . import hosts as hostlist
 from . import pending as pending_calls
 from .backend import Backend
@@ -80,8 +81,10 @@ class Gateway:
         self.refused = 0  # Refuse: requests polar_other_hosts=refuse answered 403
         # Divert: diverted tunnels by agent connection id: (id of the hop's server connection, CONNECT host, port).
         self.tunnels: dict[str, tuple[str, str, int]] = {}
+        # Divert: base-URL connections by agent connection id: (id of the hop's server connection, listen port).
+        self.base_url_conns: dict[str, tuple[str, int]] = {}
         self.pending: dict[str, PendingCall] = {}  # Reroute: rerouted flows by flow id, until the endpoint takes them
-        self.served = {"diverted": 0, "rerouted": 0}  # calls per path (the readiness answer shows them)
+        self.served = self.control.served  # calls per path (/admin/state and the readiness answer show them)
 
     def refuses_others(self) -> bool:
         """polar_other_hosts: anything but a valid `tunnel` refuses (a bad value fails closed here too)."""
@@ -99,13 +102,16 @@ class Gateway:
         if request.handoff.diverted:
             await self._serve_diverted(request, responder)
             return
+        if request.handoff.base_url:
+            await self._serve_base_url(request, responder)
+            return
         flow_id = request.target.rpartition("/")[2]  # a rerouted flow: the call travels as a token
         pending = self.pending.pop(flow_id, None)
         if pending is None or self.settings is None or self.backend is None or self.writer is None:
             await responder.respond(404, [("content-type", "application/json")],
                                     b'{"error":{"message":"unknown polar call","type":"not_found"}}')
             return
-        self.served["rerouted"] += 1
+        self.served["base_url" if pending.connect == "base_url" else "rerouted"] += 1
         await handle_call(pending, responder, self.settings, self.backend, self.writer)
 
     async def _serve_diverted(self, request: Request, responder: Responder) -> None:
@@ -125,6 +131,29 @@ class Gateway:
             await answer_unavailable(responder, pending.host, pending.path, "polar gateway is not configured")
             return
         self.served["diverted"] += 1
+        await handle_call(pending, responder, self.settings, self.backend, self.writer)
+
+
+    async def _serve_base_url(self, request: Request, responder: Responder) -> None:
+        """A request on a base-URL connection: admitted (this machine only), mapped to its provider host, served."""
+        try:
+            pending = pending_calls.from_base_url_request(request)
+        except base_url.BaseUrlRefused as exc:
+            self.served["base_url_refused"] += 1
+            log.warning("polar: base-URL request %s %s refused: %s", request.method, request.target[:200], exc)
+            status, content_type, body = base_url.refusal_answer(exc)
+            await responder.respond(status, [("content-type", content_type)], body)
+            return
+        except Exception as exc:  # noqa: BLE001 — answered 503, never forwarded
+            log.exception("polar: failed to serve %s %s on a base-URL connection", request.method,
+                          request.target[:200])
+            await answer_unavailable(responder, None, request.target, f"gateway error: {exc}")
+            return
+        if self.failure is not None or self.settings is None or self.backend is None or self.writer is None:
+            await answer_unavailable(responder, pending.host, pending.path,
+                                     f"polar gateway is not serving ({self.failure or 'not configured'})")
+            return
+        self.served["base_url"] += 1
         await handle_call(pending, responder, self.settings, self.backend, self.writer)
 
 

@@ -78,6 +78,7 @@ class GatewayOptions:
     exact_cache_bytes: int
     divert: bool
     other_hosts: str = "tunnel"
+    base_url: str = "auto"
     control_token: str | None = None  # None: <confdir>/control-token
     hold_timeout: float = 120.0
 
@@ -128,6 +129,10 @@ OPTIONS: tuple[Option, ...] = (
            "Traffic that is not a provider's: tunnel (relayed raw, undecrypted) or refuse (every CONNECT to a host "
            "outside polar_hosts and every plain-HTTP request but the readiness probe gets 403; sandboxed rollouts).",
            "tunnel or refuse"),
+    Option("polar_base_url", str, "auto",
+           "Base-URL mode: also answer agents whose provider base URL is this proxy's address "
+           "(http://127.0.0.1:P/anthropic, /openai/v1, /google): auto (on when listening on loopback), on or off.",
+           "auto, on or off"),
     Option("polar_control_token", Optional[str], None,
            "File holding the token the control endpoints require (x-polar-control-token); created 0600 when absent. "
            "Unset: <confdir>/control-token.",
@@ -230,6 +235,7 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
     if not isinstance(v["polar_divert"], bool):
         raise OptionError("polar_divert", BY_NAME["polar_divert"].expects, v["polar_divert"])
     other_hosts = _choice("polar_other_hosts", v["polar_other_hosts"], ("tunnel", "refuse"))
+    base_url = _choice("polar_base_url", v["polar_base_url"], ("auto", "on", "off"))
     control_token = _name("polar_control_token", v["polar_control_token"],
                           lambda s: bool(s.strip()) and s.isprintable() and s == s.strip())
     hold_timeout = _number("polar_hold_timeout", v["polar_hold_timeout"])
@@ -241,7 +247,7 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
         rotate_mb=numbers["polar_rotate_mb"], min_free_mb=numbers["polar_min_free_mb"],
         logprobs_mode=logprobs_mode, thinking_kwarg=thinking_kwarg, sampling_override=override,
         exact=v["polar_exact"], exact_cache_bytes=int(cache_mb * 1024 * 1024), divert=v["polar_divert"],
-        other_hosts=other_hosts, control_token=control_token, hold_timeout=hold_timeout,
+        other_hosts=other_hosts, base_url=base_url, control_token=control_token, hold_timeout=hold_timeout,
     )
 
 

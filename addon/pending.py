@@ -3,7 +3,7 @@
 `pending_call` does the work both paths share (the path without `key=`, the session from the proxy credentials when
 the connection named none, the body decoded per Content-Encoding); `from_flow` and `from_request` only read their
 inputs, from mitmproxy's parsed request (the request-hook reroute) or from the raw request the endpoint read from a
-diverted tunnel.
+diverted tunnel; `from_base_url` reads a base-URL request (addon/base_url.py) from either path.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from mitmproxy.net.http import url
 
 from polar.records import uuid7
 
-from . import sessions
+from . import base_url, sessions
+from . import hosts as hostlist
 from .call import PendingCall, strip_key_param
 from .endpoint import Request
 
@@ -85,3 +86,48 @@ def from_request(request: Request) -> PendingCall:
         method=request.method, raw_path=raw_path, headers=headers, body=request.body,
         content_encoding=", ".join(encodings) if encodings else None, too_large=request.too_large,
     )
+
+
+def from_base_url(*, conn_id: str, listen_port: int, method: str, target: str, headers: list[tuple[str, str]],
+                  body: bytes, content_encoding: str | None, conn_user: str | None = None,
+                  listen_host: str | None = None, too_large: bool = False) -> PendingCall:
+    """A base-URL request (plain HTTP to the gateway's own address) as the call to the provider host its prefix
+    names; `base_url.BaseUrlRefused` when it is not for this machine, names no family, or its path session
+    disagrees with the proxy credentials the sandbox relay stamped (a sample naming another's session)."""
+    address = base_url.parse_target(target)
+    protocol = hostlist.protocol_for(address.host, address.path)
+    try:
+        base_url.admission(method, headers, body, listen_port,
+                           listen_host if listen_host is not None else base_url.listen_host())
+    except base_url.BaseUrlRefused as exc:
+        exc.protocol = protocol
+        raise
+    proxy_auth = next((v for k, v in headers if k.lower() == "proxy-authorization"), None)
+    pending = pending_call(conn_id=conn_id, conn_user=conn_user, proxy_auth=proxy_auth, host=address.host, port=443,
+                           method=method, raw_path=address.path, headers=headers, body=body,
+                           content_encoding=content_encoding, too_large=too_large)
+    if address.session is not None and pending.conn_user and address.session != pending.conn_user:
+        raise base_url.BaseUrlRefused(
+            "bad_request", f"the path names session {address.session!r} but this connection's proxy credentials "
+                           f"name {pending.conn_user!r}", protocol)
+    pending.connect = "base_url"
+    pending.path_session = address.session
+    return pending
+
+
+def from_base_url_request(request: Request) -> PendingCall:
+    """A request read from a diverted base-URL connection (headers as sent, minus an answered `Expect`)."""
+    h = request.handoff
+    headers: list[tuple[str, str]] = []
+    encodings: list[str] = []
+    for raw_name, raw_value in request.headers:
+        name, value = raw_name.decode("utf-8", "surrogateescape"), raw_value.decode("utf-8", "surrogateescape")
+        lower = name.lower()
+        if lower == "expect" and value.lower() == "100-continue":
+            continue
+        if lower == "content-encoding":
+            encodings.append(value)
+        headers.append((name, value))
+    return from_base_url(conn_id=h.conn_id, listen_port=h.listen_port, method=request.method, target=request.target,
+                         headers=headers, body=request.body, content_encoding=", ".join(encodings) or None,
+                         conn_user=h.conn_user, too_large=request.too_large)

@@ -18,6 +18,7 @@ OPENAI_ERRORS: dict[str, tuple[int, str, str | None]] = {
     "bad_request": (400, "invalid_request_error", None),
     "not_found": (404, "invalid_request_error", "not_found"),
     "websocket": (426, "invalid_request_error", "upgrade_required"),
+    "forbidden": (403, "invalid_request_error", "forbidden"),
 }
 
 # Anthropic: kind → (status, error type); a backend 4xx passed on keeps its status and takes the type by status.
@@ -29,6 +30,7 @@ ANTHROPIC_ERRORS: dict[str, tuple[int, str]] = {
     "unavailable": (529, "overloaded_error"),
     "not_found": (404, "not_found_error"),
     "websocket": (426, "invalid_request_error"),
+    "forbidden": (403, "permission_error"),
 }
 ANTHROPIC_STATUS_TYPES: dict[int, str] = {
     400: "invalid_request_error", 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
@@ -40,7 +42,7 @@ GOOGLE_ERRORS: dict[str, tuple[int, str]] = {
     "rate_limited": (429, "RESOURCE_EXHAUSTED"), "unavailable": (503, "UNAVAILABLE"),
     "context_overflow": (400, "INVALID_ARGUMENT"), "too_large": (400, "INVALID_ARGUMENT"),
     "bad_request": (400, "INVALID_ARGUMENT"), "not_found": (404, "NOT_FOUND"),
-    "websocket": (400, "FAILED_PRECONDITION"),
+    "websocket": (400, "FAILED_PRECONDITION"), "forbidden": (403, "PERMISSION_DENIED"),
 }
 GOOGLE_STATUS_NAMES: dict[int, str] = {
     400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSION_DENIED", 404: "NOT_FOUND", 409: "ABORTED",
@@ -55,14 +57,20 @@ JSON_CONTENT_TYPES = {"anthropic_messages": "application/json", "openai_chat": "
 def unavailable(protocol: str | None, message: str) -> tuple[int, str, bytes]:
     """(status, content type, body): the provider's "service unavailable" error, exactly as the protocol's codec
     answers a backend that is down. A host no codec serves (protocol None) gets OpenAI's shape, the most common one."""
+    return error_answer(protocol, "unavailable", message)
+
+
+def error_answer(protocol: str | None, kind: str, message: str) -> tuple[int, str, bytes]:
+    """(status, content type, body) of one error kind in the protocol's shape (OpenAI's when protocol is None), as
+    its codec writes it."""
     if protocol == "anthropic_messages":
-        status, kind = ANTHROPIC_ERRORS["unavailable"]
-        body = {"type": "error", "error": {"type": kind, "message": message}}
+        status, type_ = ANTHROPIC_ERRORS[kind]
+        body = {"type": "error", "error": {"type": type_, "message": message}}
     elif protocol == "google_generate":
-        status, name = GOOGLE_ERRORS["unavailable"]
+        status, name = GOOGLE_ERRORS[kind]
         body = {"error": {"code": status, "message": message, "status": name}}
     else:
-        status, kind, code = OPENAI_ERRORS["unavailable"]
-        body = {"error": {"message": message, "type": kind, "param": None, "code": code}}
+        status, type_, code = OPENAI_ERRORS[kind]
+        body = {"error": {"message": message, "type": type_, "param": None, "code": code}}
     content_type = JSON_CONTENT_TYPES.get(protocol or "", "application/json")
     return status, content_type, json.dumps(body, separators=(",", ":")).encode()

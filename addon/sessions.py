@@ -1,6 +1,6 @@
-"""Session attribution (docs/records.md#fields, `session_source`): proxy credentials user name, then header
-`x-polar-session`, then the harness's own key (found by the protocol codec), else null. A session id is never
-invented."""
+"""Session attribution (docs/records.md#fields, `session_source`): proxy credentials user name, then a base-URL
+path prefix (`/s/<session>/`), then header `x-polar-session`, then the harness's own key (found by the protocol
+codec), else null. A session id is never invented."""
 
 from __future__ import annotations
 
@@ -28,10 +28,13 @@ def proxy_user(proxy_authorization: str | None) -> str | None:
     return unquote(user if sep else decoded) or None
 
 
-def resolve(conn_user: str | None, headers: list[tuple[str, str]], harness_key) -> tuple[str | None, str]:
+def resolve(conn_user: str | None, headers: list[tuple[str, str]], harness_key,
+            path_session: str | None = None) -> tuple[str | None, str]:
     """(session, session_source) in priority order."""
     if conn_user:
         return conn_user, "proxy_auth"
+    if path_session:
+        return path_session, "path"
     for name, value in headers:
         if name.lower() == SESSION_HEADER and value.strip():
             return value.strip(), SESSION_HEADER

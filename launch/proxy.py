@@ -223,6 +223,30 @@ def live_proxies(state: ProxyRunFile | Mapping | None) -> list[ProxyEntry]:
     return [p for p in state.proxies if is_ours(p.pid, PROXY_MARKER)]
 
 
+# Base-URL mode: each SDK's and CLI's base-URL variable, and the gateway's address for its protocol family
+# (Anthropic SDK, Claude Code; OpenAI SDK, Codex, Qwen Code; google-genai, Gemini CLI).
+BASE_URL_VARS = {"ANTHROPIC_BASE_URL": "/anthropic", "OPENAI_BASE_URL": "/openai/v1",
+                 "GOOGLE_GEMINI_BASE_URL": "/google"}
+NO_PROXY_LOOPBACK = "127.0.0.1,localhost,::1"
+
+
+def base_url_values(address: str, session: str | None) -> dict[str, str]:
+    """{variable: base URL} for an agent reaching the gateway at `address` (host:port) by base URL; the session,
+    percent-encoded, in the path prefix `/s/<session>`."""
+    prefix = f"/s/{quote(session, safe='')}" if session else ""
+    return {name: f"http://{address}{prefix}{suffix}" for name, suffix in BASE_URL_VARS.items()}
+
+
+def base_url_env_lines(state: ProxyRunFile | Mapping, session: str | None, proxy: int = 0) -> list[str]:
+    """The lines for an agent that sets a base URL instead of a proxy (`env --base-url`): the base-URL variables,
+    the proxy variables unset and loopback exempt from any proxy (no CA: plain HTTP on loopback)."""
+    port = state.proxies[proxy].port if isinstance(state, ProxyRunFile) else state["port"]
+    lines = [f"export {name}={shlex.quote(value)}" for name, value in base_url_values(f"127.0.0.1:{port}",
+                                                                                       session).items()]
+    return [*lines, "unset HTTPS_PROXY https_proxy", f"export NO_PROXY={NO_PROXY_LOOPBACK} "
+                                                     f"no_proxy={NO_PROXY_LOOPBACK}"]
+
+
 def env_lines(state: ProxyRunFile | Mapping, session: str, proxy: int = 0) -> list[str]:
     """The `export` lines for an agent using proxy `proxy` of `state` (a run file, or a mapping with port, ca_pem
     and ca_bundle), shell-quoted. The session is the proxy user name, percent-encoded so `@`, `:` or `/` in it

@@ -1,7 +1,8 @@
 """polar-proxy start|stop|status|env — run the Polar gateway (mitmdump with the addon) in the background.
 
 start: free loopback port (or --port), waits until the addon answers its readiness probe, prints the lines to
-`eval` (HTTPS_PROXY with the session as proxy user name, the CA variables) and writes the run file proxy.json.
+`eval` (HTTPS_PROXY with the session as proxy user name, the CA variables; with --base-url each SDK's and CLI's
+base-URL variable at the proxy's own address instead, the session in the path) and writes the run file proxy.json.
 start --count N: a fleet of N proxy processes on N ports (free ones, or --port, --port+1, …), one CA and one flow
 directory; each process names its own files, so they never share one. The run file keeps the first proxy's fields
 at the top level and lists all of them under `proxies`, each with its control endpoints (`control_url`) and the
@@ -40,6 +41,10 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                         help="start: N proxy processes (a fleet), one flow directory (default: %(default)s)")
     parser.add_argument("--proxy", type=int, default=0, metavar="K",
                         help="env: the lines for proxy K of the fleet (default: %(default)s)")
+    parser.add_argument("--base-url", action="store_true",
+                        help="start, env: print the base-URL lines instead (ANTHROPIC_BASE_URL, OPENAI_BASE_URL, "
+                             "GOOGLE_GEMINI_BASE_URL at this proxy's address, the session in their path; the proxy "
+                             "variables unset; no CA needed) (default: the HTTPS_PROXY lines)")
     parser.add_argument("--listen-host", default="127.0.0.1",
                         help="start: address the proxies bind (default: %(default)s)")
     parser.add_argument("--upstream", default=os.environ.get("POLAR_UPSTREAM", "http://127.0.0.1:8000/v1"),
@@ -89,8 +94,12 @@ def start(args: argparse.Namespace, prog: str) -> int:
              f"{state.flows}.\n# Spread agents over them: agent i uses proxy i mod {n}, each with its own session "
              f"id:\n#   eval \"$({prog} env --proxy $((i % {n})) --session \"$ID\")\"\n# The lines below are proxy "
              f"0's. The processor reads the one flow directory whatever wrote it.")
-    print("\n".join(env_lines(state, session)))
+    print("\n".join(lines_for(args, state, session)))
     return 0
+
+
+def lines_for(args: argparse.Namespace, state, session: str, proxy: int = 0) -> list[str]:
+    return lib.base_url_env_lines(state, session, proxy) if args.base_url else env_lines(state, session, proxy)
 
 
 def stop(args: argparse.Namespace) -> int:
@@ -119,7 +128,7 @@ def status(args: argparse.Namespace) -> int:
 
 def env(args: argparse.Namespace) -> int:
     state = lib.env(args.run_dir, args.proxy)
-    print("\n".join(env_lines(state, args.session or uuid7(), args.proxy)))
+    print("\n".join(lines_for(args, state, args.session or uuid7(), args.proxy)))
     return 0
 
 

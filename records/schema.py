@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 import msgpack
 
-VERSION = 1
+VERSION = 2
 
 PROTOCOLS = ("anthropic_messages", "openai_chat", "openai_responses", "google_generate")
 ERROR_STAGES = (
@@ -36,7 +36,7 @@ ERROR_STAGES = (
     "record",
 )
 
-# Every field a v1 record carries; readers fill missing ones with None.
+# Every field a record of this version carries; readers fill missing ones with None.
 FIELDS = (
     "v", "id", "session", "session_source", "conn_id", "protocol", "host", "path", "stream",
     "t_start", "t_first_byte", "t_end", "request", "request_headers", "upstream_request",
@@ -50,6 +50,9 @@ FIELDS = (
     # the policy version current when the request was sent to the backend (the gateway's control state: vLLM's
     # /weight_info at start, then every release); nil when unknown and in older records
     "weight_version",
+    # v2: how the agent reached the gateway — "proxy" (HTTPS_PROXY, the transparent path) or "base_url" (its provider
+    # base URL set to the gateway); nil in older records, which all came through the proxy
+    "connect",
 )
 
 # Headers whose values never reach disk or the backend.

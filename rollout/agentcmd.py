@@ -6,7 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from polar.launch.proxy import base_url_values
 from polar.rollout import agents as agentlib
+from polar.rollout.relay import CONNECT_VAR, RELAY_ADDRESS
 from polar.rollout.common import proxy_url
 from polar.rollout.job import SampleContext, SampleJob
 
@@ -71,7 +73,7 @@ def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, h
         env.pop("SSL_CERT_DIR", None)
         argv = [python, "-m", "polar.rollout.pyagent", ctx.agent.target or "",
                 "--instruction-file", f"{home_in}/.polar/instruction.md"]
-        return argv, env, tuple(mounts)
+        return argv, connect_by(ctx, env), tuple(mounts)
     binary_name = agentlib.BINARIES[ctx.agent.harness]
     if boxed:
         mounts.append(sb.Mount(Path(ctx.npm_dir), IN_NPM, False))
@@ -81,4 +83,17 @@ def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, h
         binary = agentlib.find_binary(binary_name, ctx.npm_dir) or binary_name
     args = agentlib.cli_args(ctx.agent.harness, instruction, provider=ctx.agent.provider, model=ctx.model)
     argv, env = agentlib.build(args, env, proxy, ca_pem, bundle, session)
-    return [binary, *argv], env, tuple(mounts)
+    return [binary, *argv], connect_by(ctx, env), tuple(mounts)
+
+
+def connect_by(ctx: SampleContext, env: dict[str, str]) -> dict[str, str]:
+    """--connect base-url: the base-URL variables at the sandbox relay's address (the wrapper fills it in), no proxy
+    and no CA; the relay stamps the sample's session on every request as in proxy mode."""
+    if getattr(ctx, "connect", "proxy") != "base-url":
+        return env
+    for name in ("HTTPS_PROXY", "https_proxy", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
+                 "CODEX_CA_CERTIFICATE", "SSL_CERT_DIR"):
+        env.pop(name, None)
+    env.update(base_url_values(RELAY_ADDRESS, None))
+    env[CONNECT_VAR] = "base_url"
+    return env

@@ -86,6 +86,10 @@ def parser() -> argparse.ArgumentParser:
                    help="python: agents in bwrap: one sandbox per slot whose interpreter imported the agent and its "
                         "SDKs once, a fork of it per sample (docs/options.md says what samples of a slot share) "
                         "(default: off; polar-train turns it on for a python: agent in bwrap)")
+    p.add_argument("--connect", choices=("proxy", "base-url"), default=None,
+                   help="how agents reach the gateway: proxy (HTTPS_PROXY and our CA; every agent) or base-url (their "
+                        "provider base URL set to the gateway's own address, plain HTTP through the sandbox relay, no "
+                        "CA; the SDKs, claude-code, codex, gemini-cli, qwen-code) (default: proxy)")
     p.add_argument("--engine", choices=("local", "ray"), help="local: threads; ray: one Ray task per sample "
                                                               "(one node) (default: local)")
     p.add_argument("--ray-address", metavar="A", help="Ray cluster to join (default: a local Ray)")
@@ -105,7 +109,8 @@ def options(args: argparse.Namespace):
         proxy_json=args.proxy_json, run_id=args.run_id, resume=args.resume, retry_infra=args.retry_infra or 0,
         no_process=args.no_process, process_opt=list(args.process_opt), sft_min_reward=args.sft_min_reward,
         skip_preflight=args.skip_preflight, engine=args.engine, ray_address=args.ray_address,
-        progress=args.progress, confdir=args.confdir, npm_dir=args.npm_dir, warm_agents=args.warm_agents)
+        progress=args.progress, confdir=args.confdir, npm_dir=args.npm_dir, warm_agents=args.warm_agents,
+        connect=args.connect or "proxy")
 
 
 def main(argv: list[str] | None = None) -> int:

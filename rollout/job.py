@@ -55,6 +55,7 @@ class SampleContext:
     agent_timeout: float | None
     verify_timeout: float | None
     warm: bool = False  # --warm-agents: the python: agent runs in a warm slot (rollout/warm.py)
+    connect: str = "proxy"  # --connect: proxy | base-url
 
 
 @dataclass

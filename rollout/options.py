@@ -39,13 +39,14 @@ class Options:
     confdir: str | None = None  # None: polar.launch.paths.confdir (outside a checkout, $POLAR_CONFDIR)
     npm_dir: str | None = None  # None: polar.launch.paths.npm_dir (outside a checkout, $POLAR_NPM_DIR)
     warm_agents: bool = False  # python: agents in bwrap run in warm slots (rollout/warm.py)
+    connect: str = "proxy"  # how agents reach the gateway: proxy (HTTPS_PROXY) or base-url (their base URL)
 
 
 # Options a resumed run must keep (its identity), and the ones it takes from run.json unless given again.
 IDENTITY = ("tasks", "agent", "samples", "sandbox")
 REUSED = ("parallel", "image", "model", "agent_timeout", "verify_timeout", "proxy_set", "upstream", "proxy_json",
           "retry_infra", "no_process", "process_opt", "sft_min_reward", "engine", "ray_address", "confdir", "npm_dir",
-          "warm_agents")
+          "warm_agents", "connect")
 
 
 def check_options(o: Options) -> AgentSpec:
@@ -76,6 +77,11 @@ def check_options(o: Options) -> AgentSpec:
         raise UsageError("--warm-agents applies to python: agents in --sandbox bwrap only")
     if o.warm_agents and o.engine == "ray":
         raise UsageError("--warm-agents needs --engine local (its slots live in the runner's process)")
+    if o.connect not in ("proxy", "base-url"):
+        raise UsageError(f"--connect must be proxy or base-url (got {o.connect})")
+    if o.connect == "base-url" and agent.kind == "cli" and agent.harness == "pi":
+        raise UsageError("--connect base-url: pi has no base-URL variable (its base URL lives in its models.json); "
+                         "use --connect proxy")
     if o.engine not in ("local", "ray"):
         raise UsageError(f"--engine must be local or ray (got {o.engine})")
     if o.ray_address and o.engine != "ray":

@@ -5,12 +5,14 @@ Host end (`HostRelay`, in the runner's process): listens on a Unix socket in the
 proxy on 127.0.0.1 (never pooled), and the first request head is rewritten so its `Proxy-Authorization` names the
 sample's session and nothing else — whatever the client put in its proxy URL. A CONNECT is then tunnelled raw; a
 plain-HTTP request is sent with `Connection: close` and its body (Content-Length only), and nothing after it, so no
-second request can ride on the connection under a session of the client's choosing.
+second request can ride on the connection under a session of the client's choosing. An origin-form request (an
+agent whose base URL is the relay's address, --connect base-url) also gets the proxy's own address as its Host.
 
 Sandbox end (`python3 relay.py sandbox ...`, stdlib only, run with the system /usr/bin/python3 inside the sandbox):
 the wrapper the sandbox starts. It reads the agent's environment from a JSON file, drops to the unprivileged uid
 when it starts as root (bwrap as root), listens on 127.0.0.1:PORT in the sandbox's own loopback and forwards each
-connection to the socket, sets HTTPS_PROXY/https_proxy to it, signals "ready" on a FIFO (the host tells a sandbox
+connection to the socket, sets HTTPS_PROXY/https_proxy to it (with POLAR_CONNECT=base_url: fills its address
+into the base-URL variables instead, and sets no proxy), signals "ready" on a FIFO (the host tells a sandbox
 that never started — an infrastructure failure — from an agent that failed), then runs the agent as its child and
 exits with the agent's status (128+N for signal N), reaping orphans (it may be pid 1 in a container).
 
@@ -106,10 +108,12 @@ class HeadError(ValueError):
         self.status = status
 
 
-def rewrite_head(head: bytes, auth: str) -> tuple[bytes, str, int]:
+def rewrite_head(head: bytes, auth: str, origin_host: bytes | None = None) -> tuple[bytes, str, int]:
     """(new head, method, body length to forward) for one request head ending in CRLF CRLF.
 
-    Every Proxy-Authorization line is dropped and ours is put first. Refuses (HeadError) what could be read two
+    Every Proxy-Authorization line is dropped and ours is put first. An origin-form request (`POST /openai/v1/...`,
+    an agent whose base URL is the relay's address: --connect base-url) is addressed to the proxy itself, so its
+    Host becomes `origin_host`, the proxy's own address, which the gateway requires of such requests. Refuses (HeadError) what could be read two
     ways: bare CR or LF, NUL, obs-fold continuation lines, a malformed request line; for plain HTTP also
     Transfer-Encoding (we forward a counted body only) and a bad Content-Length."""
     if not head.endswith(b"\r\n\r\n"):
@@ -122,6 +126,9 @@ def rewrite_head(head: bytes, auth: str) -> tuple[bytes, str, int]:
         raise HeadError("400 Bad Request", "malformed request line")
     method = parts[0].decode("ascii").upper()
     out = [lines[0], b"Proxy-Authorization: " + auth.encode("ascii")]
+    to_proxy = origin_host is not None and parts[1].startswith(b"/")
+    if to_proxy:
+        out.append(b"Host: " + origin_host)
     body = 0
     lengths: set[bytes] = set()
     for ln in lines[1:]:
@@ -131,7 +138,7 @@ def rewrite_head(head: bytes, auth: str) -> tuple[bytes, str, int]:
         if not sep or not name or name != name.strip():
             raise HeadError("400 Bad Request", "malformed header line")
         lname = name.lower()
-        if lname == b"proxy-authorization":
+        if lname == b"proxy-authorization" or (to_proxy and lname == b"host"):
             continue
         if method != "CONNECT":
             if lname in (b"connection", b"proxy-connection", b"keep-alive"):
@@ -200,6 +207,7 @@ class HostRelay:
                  proxy_host: str = "127.0.0.1"):
         self.path = path
         self.proxy = (proxy_host, proxy_port)
+        self.origin_host = (f"[{proxy_host}]" if ":" in proxy_host else proxy_host).encode() + b":%d" % proxy_port
         self.auth = basic_auth(session)
         self.connections = 0  # accepted so far
         self.errors: list[str] = []
@@ -258,7 +266,7 @@ class HostRelay:
             if head is None:
                 return
             try:
-                new_head, method, body_len = rewrite_head(head, self.auth)
+                new_head, method, body_len = rewrite_head(head, self.auth, self.origin_host)
             except HeadError as e:
                 _reply(client, e.status, str(e))
                 return
@@ -366,15 +374,28 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+RELAY_ADDRESS = "@POLAR_RELAY@"  # in an env value: the relay's address, filled in once it listens
+CONNECT_VAR = "POLAR_CONNECT"  # "base_url": the agent reaches the gateway by base URL, not as a proxy
+
+
 def _listen(env: dict[str, str], proxy_user_name: str | None, port: int) -> socket.socket:
-    """The relay's listener on the sandbox's own loopback; the agent's proxy variables point at it."""
+    """The relay's listener on the sandbox's own loopback; the agent's proxy variables point at it, or with
+    POLAR_CONNECT=base_url its base-URL variables (values holding RELAY_ADDRESS) do, and no proxy is set."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     # a warm slot's next sample binds the port while the last one's connections are in TIME_WAIT (rollout/warm.py)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(128)
-    url = f"http://{proxy_user_name or 'sandbox'}:x@127.0.0.1:{listener.getsockname()[1]}"
-    env["HTTPS_PROXY"] = env["https_proxy"] = url
+    address = f"127.0.0.1:{listener.getsockname()[1]}"
+    if env.get(CONNECT_VAR) == "base_url":
+        for name, value in list(env.items()):
+            if RELAY_ADDRESS in value:
+                env[name] = value.replace(RELAY_ADDRESS, address)
+        for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+            env.pop(name, None)
+        env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost,::1"
+        return listener
+    env["HTTPS_PROXY"] = env["https_proxy"] = f"http://{proxy_user_name or 'sandbox'}:x@{address}"
     env["NO_PROXY"] = env["no_proxy"] = ""
     return listener
 

@@ -223,7 +223,8 @@ class Runner:
             run_id=self.run_doc["run_id"], run_dir=str(self.run_dir), agent=self.agent, sandbox=o.sandbox,
             image=o.image or "polar-sandbox:1", model=o.model, proxy_port=p.port, ca_pem=p.ca_pem,
             ca_bundle=p.ca_bundle, flows=p.flows, venv=sys.prefix, npm_dir=str(npm or ""),
-            agent_timeout=o.agent_timeout, verify_timeout=o.verify_timeout, warm=o.warm_agents)
+            agent_timeout=o.agent_timeout, verify_timeout=o.verify_timeout, warm=o.warm_agents,
+            connect=o.connect)
 
     # -- preflight ------------------------------------------------------------------------------------------------
     def _preflight(self) -> None:

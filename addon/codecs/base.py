@@ -130,7 +130,7 @@ class EncodeContext:
 
 
 ErrorKind = Literal["bad_request", "context_overflow", "too_large", "rate_limited", "unavailable", "not_found",
-                    "websocket"]
+                    "websocket", "forbidden"]
 
 
 @dataclass(eq=False)

@@ -292,7 +292,8 @@ def test_2_1_provider_calls_take_the_diverted_path_and_only_it(gateway, upstream
     after = _ready(gateway)["served"]
     grown = {k: after[k] - before[k] for k in after}
     # No HTTPFlow for diverted calls: a mitmproxy change that silently fell back to the slow path shows here.
-    assert grown == ({"diverted": 2, "rerouted": 0} if gateway.divert else {"diverted": 0, "rerouted": 2})
+    assert grown == ({"diverted": 2, "rerouted": 0, "base_url": 0, "base_url_refused": 0} if gateway.divert
+                     else {"diverted": 0, "rerouted": 2, "base_url": 0, "base_url_refused": 0})
     (rec, _) = gateway.records()[-2:]
     assert rec["session"] == "test-session" and rec["host"] == "api.anthropic.com"
 

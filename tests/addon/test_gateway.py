@@ -373,7 +373,7 @@ def test_4_8_a_diverted_call_on_a_gateway_gone_failing_closed_gets_the_providers
     asyncio.run(gw._serve(_diverted_request([("host", "api.anthropic.com")]), cap))
     status, headers, body = cap.answer
     assert status == 529 and b"overloaded_error" in body and b"misconfigured" in body
-    assert gw.served == {"diverted": 0, "rerouted": 0}
+    assert gw.served == {"diverted": 0, "rerouted": 0, "base_url": 0, "base_url_refused": 0}
 
 
 # -- 5. polar_other_hosts: refuse serves provider flows only (sandboxed rollouts) -----------------------------------
@@ -385,7 +385,10 @@ def connect_flow(host: str, port: int, user: bytes = b"run%2Ft%2F0%2F0:x"):
 
 
 def plain_flow(url: str, method: str = "GET"):
-    return tflow.tflow(req=http.Request.make(method, url, b""))
+    """A plain-HTTP proxy request as mitmproxy parses it: absolute-form, so its authority is the URL's."""
+    req = http.Request.make(method, url, b"")
+    req.authority = url.split("://", 1)[1].split("/", 1)[0]
+    return tflow.tflow(req=req)
 
 
 def refused_line(flow) -> str:

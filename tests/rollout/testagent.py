@@ -18,6 +18,9 @@ through the proxy with the official openai SDK (HTTPS_PROXY and SSL_CERT_FILE co
   spawn-hang        with POLAR_TEST_HANG=1: starts a child and a detached one (in a session of its own), writes
                     pids.json (its pid, theirs, its POLAR_SANDBOX_DIR) in the workdir and sleeps; else the right
                     answer
+  base-url          (--connect base-url) prints what it was given (the base URL, any proxy variable), asks once by
+                    its base URL, then posts a chat request under the other sample's session (/s/<its session>/ in
+                    the path) and prints the status and body it got; then the right answer
 Any other instruction (the preflight's canary) is one call and exit 0; with POLAR_TEST_DISTRUST=1 that call trusts
 only certifi's CAs (an agent that does not trust the proxy's CA: its TLS handshake fails).
 """
@@ -103,6 +106,30 @@ def run(instruction: str, workdir: str, env: dict) -> int | None:
         ask()
         if mode == "hang-k0" and k == 0:
             time.sleep(600)
+        (app / "answer.txt").write_text("42\n")
+        return 0
+    if mode == "base-url":
+        import urllib.error
+        import urllib.request
+        from urllib.parse import quote
+
+        base = os.environ.get("OPENAI_BASE_URL", "")
+        seen = {"base_url": base, "proxies": sorted(v for v in os.environ if v.lower().endswith("_proxy")
+                                                     and os.environ[v] and v.lower() != "no_proxy")}
+        ask()
+        other = env["POLAR_SESSION"].rsplit("/", 2)
+        other = f"{other[0]}/{1 - k}/{other[2]}"
+        address = base.split("/openai/", 1)[0]
+        req = urllib.request.Request(f"{address}/s/{quote(other, safe='')}/openai/v1/chat/completions",
+                                     data=json.dumps({"model": "m", "messages": [{"role": "user", "content": "x"}]})
+                                     .encode(), headers={"content-type": "application/json"}, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                seen["spoof"] = [resp.status, resp.read().decode()]
+        except urllib.error.HTTPError as exc:
+            seen["spoof"] = [exc.code, exc.read().decode()]
+        seen["spoofed"] = other
+        print(json.dumps(seen), flush=True)
         (app / "answer.txt").write_text("42\n")
         return 0
     if mode == "canary":
