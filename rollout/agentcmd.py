@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from polar.launch.proxy import base_url_values
 from polar.rollout import agents as agentlib
 from polar.rollout.relay import CONNECT_VAR, RELAY_ADDRESS
 from polar.rollout.common import proxy_url
@@ -91,9 +90,6 @@ def connect_by(ctx: SampleContext, env: dict[str, str]) -> dict[str, str]:
     and no CA; the relay stamps the sample's session on every request as in proxy mode."""
     if getattr(ctx, "connect", "proxy") != "base-url":
         return env
-    for name in ("HTTPS_PROXY", "https_proxy", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS",
-                 "CODEX_CA_CERTIFICATE", "SSL_CERT_DIR"):
-        env.pop(name, None)
-    env.update(base_url_values(RELAY_ADDRESS, None))
+    env = agentlib.base_url_env(env, RELAY_ADDRESS, None)
     env[CONNECT_VAR] = "base_url"
     return env

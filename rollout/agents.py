@@ -136,3 +136,38 @@ def build(args: argparse.Namespace, env: dict[str, str], proxy: str, ca_pem: str
             argv += ["--model", model]
         argv += ["-p", prompt]
     return argv + extra, env
+
+
+# Base-URL mode per CLI (measured with the pinned versions): who honours its base-URL variable, and why the others
+# stay on the proxy.
+BASE_URL_CLIS = {"claude-code": "ANTHROPIC_BASE_URL", "qwen-code": "OPENAI_BASE_URL"}
+BASE_URL_REFUSED = {
+    "codex": "codex 0.171 sends nothing to OPENAI_BASE_URL (its base URL is a config.toml model provider)",
+    "gemini-cli": "gemini-cli 0.61 turns GOOGLE_GEMINI_BASE_URL into its 'gateway' auth, which it refuses "
+                  "non-interactively (\"Invalid auth method selected\")",
+    "pi": "pi reads its base URL from its models.json, not from a variable",
+}
+
+
+def base_url_refusal(harness: str) -> str | None:
+    """Why `harness` cannot run in base-URL mode (one line naming the fix), or None when it can."""
+    why = BASE_URL_REFUSED.get(harness)
+    return f"--connect base-url: {why}; use --connect proxy" if why else None
+
+
+PROXY_AND_CA_VARS = ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy",
+                     "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "NODE_EXTRA_CA_CERTS", "CODEX_CA_CERTIFICATE", "SSL_CERT_DIR")
+
+
+def base_url_env(env: dict[str, str], address: str, session: str | None) -> dict[str, str]:
+    """The environment `build` made, turned to base-URL mode: every SDK's and CLI's base-URL variable at the
+    gateway's `address` (host:port; the session, if any, in the path), no proxy and no CA variable, loopback
+    exempt from any proxy. Pi reads its base URL from its own models.json, not from a variable: it stays on the
+    proxy (polar-rollout refuses the pair)."""
+    from polar.launch.proxy import NO_PROXY_LOOPBACK, base_url_values
+
+    for name in PROXY_AND_CA_VARS:
+        env.pop(name, None)
+    env.update(base_url_values(address, session))
+    env["NO_PROXY"] = env["no_proxy"] = NO_PROXY_LOOPBACK
+    return env

@@ -89,7 +89,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--connect", choices=("proxy", "base-url"), default=None,
                    help="how agents reach the gateway: proxy (HTTPS_PROXY and our CA; every agent) or base-url (their "
                         "provider base URL set to the gateway's own address, plain HTTP through the sandbox relay, no "
-                        "CA; the SDKs, claude-code, codex, gemini-cli, qwen-code) (default: proxy)")
+                        "CA; python: agents on the SDKs, claude-code, qwen-code) (default: proxy)")
     p.add_argument("--engine", choices=("local", "ray"), help="local: threads; ray: one Ray task per sample "
                                                               "(one node) (default: local)")
     p.add_argument("--ray-address", metavar="A", help="Ray cluster to join (default: a local Ray)")

@@ -7,6 +7,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from polar.rollout import agents as agentlib
 from polar.rollout.common import UsageError
 from polar.rollout.job import AgentSpec
 
@@ -79,9 +80,8 @@ def check_options(o: Options) -> AgentSpec:
         raise UsageError("--warm-agents needs --engine local (its slots live in the runner's process)")
     if o.connect not in ("proxy", "base-url"):
         raise UsageError(f"--connect must be proxy or base-url (got {o.connect})")
-    if o.connect == "base-url" and agent.kind == "cli" and agent.harness == "pi":
-        raise UsageError("--connect base-url: pi has no base-URL variable (its base URL lives in its models.json); "
-                         "use --connect proxy")
+    if o.connect == "base-url" and agent.kind == "cli" and agentlib.base_url_refusal(agent.harness):
+        raise UsageError(agentlib.base_url_refusal(agent.harness))
     if o.engine not in ("local", "ray"):
         raise UsageError(f"--engine must be local or ray (got {o.engine})")
     if o.ray_address and o.engine != "ray":

@@ -152,8 +152,9 @@ class Agents:
 
     def run(self, harness: str, prompt: str, *, session: str | None = None, provider: str | None = None,
             model: str | None = None, keep_nonessential: bool = False, timeout: float = CLI_TIMEOUT,
-            mint_session: bool = False) -> AgentRun:
-        """One CLI run; `mint_session` leaves the session to run-agent (read back from its stderr line)."""
+            mint_session: bool = False, connect: str = "proxy") -> AgentRun:
+        """One CLI run; `mint_session` leaves the session to run-agent (read back from its stderr line);
+        `connect="base-url"`: the CLI's base-URL variable instead of the proxy (run-agent --connect)."""
         require_cli(harness)
         self.n += 1
         home = self.tmp_path / f"home{self.n}"
@@ -169,9 +170,11 @@ class Agents:
             argv += ["--model", model]
         if keep_nonessential:
             argv += ["--keep-nonessential"]
+        if connect != "proxy":
+            argv += ["--connect", connect]
         argv += ["--", prompt]
         env = {k: v for k, v in os.environ.items()
-               if k not in ("NO_PROXY", "no_proxy", "CODEX_HOME", "GEMINI_CLI_HOME", "XDG_CONFIG_HOME",
+               if k not in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "CODEX_HOME", "GEMINI_CLI_HOME", "XDG_CONFIG_HOME",
                             "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "PI_CODING_AGENT_DIR")}
         env.update({"HOME": str(home), "TERM": "dumb", "NO_COLOR": "1", "CI": "1"})
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env,
@@ -194,7 +197,7 @@ class Processed:
     report: dict
 
 
-def process_session(gateway, session: str, out_dir) -> Processed:
+def process_session(gateway, session: str, out_dir, extra: list[str] | tuple = ()) -> Processed:
     """polar-process over every flow file of the test gateway; only this session's rows are returned."""
     import polars as pl
 
@@ -202,7 +205,7 @@ def process_session(gateway, session: str, out_dir) -> Processed:
         pytest.fail("polar-process is not installed in the venv (run scripts/setup)")
     if os.path.exists(out_dir):
         shutil.rmtree(out_dir)
-    proc = subprocess.run([POLAR_PROCESS, gateway.flows_dir, "-o", str(out_dir), "--no-progress", "-q"],
+    proc = subprocess.run([POLAR_PROCESS, gateway.flows_dir, "-o", str(out_dir), "--no-progress", "-q", *extra],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"polar-process failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     seqs = pl.read_parquet(os.path.join(out_dir, "sequences.parquet")) if os.path.exists(
@@ -216,12 +219,13 @@ def process_session(gateway, session: str, out_dir) -> Processed:
         report=report)
 
 
-def session_records(gateway, session: str) -> list[dict]:
-    """This test's records; every one must carry the run's session, attributed by proxy credentials."""
+def session_records(gateway, session: str, source: str = "proxy_auth") -> list[dict]:
+    """This test's records; every one must carry the run's session, attributed by proxy credentials (or by
+    `source`: "path" for a base-URL run)."""
     records = gateway.records()
     assert records, "no flow record was written"
     for r in records:
-        assert (r["session"], r["session_source"]) == (session, "proxy_auth"), \
+        assert (r["session"], r["session_source"]) == (session, source), \
             f"record {r['id']} {r['path']}: session {r['session']!r} from {r['session_source']!r}"
         assert r["error"] is None, f"record {r['id']} {r['path']}: error {r['error']}"
         assert r["completion_token_ids"] is not None and r["completion_logprobs"] is not None, r["id"]

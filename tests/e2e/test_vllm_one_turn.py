@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from polar.records import token_ids, unpack_floats
-from tests.e2e.conftest import Agents, require_cli
+from tests.e2e.conftest import Agents, process_session, require_cli
 from tests.support.gateway import start_gateway
 from tests.support.vllm_server import EXTRA_EOS_MAX_NEW_TOKENS, shared_extra_eos_vllm
 
@@ -20,37 +20,44 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 MAX_NEW_TOKENS = EXTRA_EOS_MAX_NEW_TOKENS
 # Gemini CLI's router call asks for JSON with a free string; a random model never closes it within the cap and the
 # CLI would retry for minutes. An explicit model skips the router (its JSON answer is covered by test_gemini_cli).
+# The two CLIs that honour a base-URL variable also run by base URL (run-agent --connect base-url: no proxy, no CA).
 CASES = [
-    ("claude-code", None, None, "anthropic_messages"),
-    ("codex", None, None, "openai_responses"),
-    ("gemini-cli", None, "gemini-2.5-flash", "google_generate"),
-    ("qwen-code", None, None, "openai_chat"),
-    ("pi", "anthropic", None, "anthropic_messages"),
-    ("pi", "openai", None, "openai_responses"),
-    ("pi", "google", None, "google_generate"),
+    ("claude-code", None, None, "anthropic_messages", "proxy"),
+    ("claude-code", None, None, "anthropic_messages", "base-url"),
+    ("codex", None, None, "openai_responses", "proxy"),
+    ("gemini-cli", None, "gemini-2.5-flash", "google_generate", "proxy"),
+    ("qwen-code", None, None, "openai_chat", "proxy"),
+    ("qwen-code", None, None, "openai_chat", "base-url"),
+    ("pi", "anthropic", None, "anthropic_messages", "proxy"),
+    ("pi", "openai", None, "openai_responses", "proxy"),
+    ("pi", "google", None, "google_generate", "proxy"),
 ]
 
 
 @pytest.fixture(scope="module")
 def vllm_gateway(tmp_path_factory):
-    server, _ = shared_extra_eos_vllm()  # shared with tests/rollout/test_cli_vllm.py: one start per session
+    server, gen = shared_extra_eos_vllm()  # shared with tests/rollout/test_cli_vllm.py: one start per session
     base = tmp_path_factory.mktemp("vllm-gateway")
     with start_gateway(server.base_url, str(base / "run"), str(base / "flows")) as handle:
+        handle.generation_config = gen  # the extra end-of-turn ids polar-process must know
         yield server, handle
 
 
-@pytest.mark.parametrize("harness,provider,model,protocol", CASES,
-                         ids=[f"{h}-{p}" if p else h for h, p, _, _ in CASES])
-def test_1_one_turn_against_tiny_vllm(vllm_gateway, tmp_path, harness, provider, model, protocol):
+@pytest.mark.parametrize("harness,provider,model,protocol,connect", CASES,
+                         ids=[(f"{h}-{p}" if p else h) + ("-base-url" if c == "base-url" else "")
+                              for h, p, _, _, c in CASES])
+def test_1_one_turn_against_tiny_vllm(vllm_gateway, tmp_path, harness, provider, model, protocol, connect):
     require_cli(harness)
     server, gateway = vllm_gateway
     gateway.mark()
-    run = Agents(gateway, tmp_path).run(harness, "Say hi.", provider=provider, model=model, timeout=300)
+    run = Agents(gateway, tmp_path).run(harness, "Say hi.", provider=provider, model=model, timeout=300,
+                                        connect=connect)
     assert run.returncode == 0, run.explain()
     records = gateway.records()
     assert records, run.explain()
     for r in records:
-        assert (r["session"], r["session_source"]) == (run.session, "proxy_auth")
+        assert (r["session"], r["session_source"], r["connect"]) == (
+            run.session, "proxy_auth" if connect == "proxy" else "path", connect.replace("-", "_"))
         assert r["protocol"] == protocol and r["error"] is None, (r["path"], r["error"])
         assert r["model_served"] == server.model
         completion = token_ids(r, "completion_token_ids")
@@ -62,3 +69,9 @@ def test_1_one_turn_against_tiny_vllm(vllm_gateway, tmp_path, harness, provider,
         prompt = token_ids(r, "prompt_token_ids")
         if prompt is not None:
             assert r["usage"]["prompt_tokens"] == len(prompt) <= server.max_model_len
+    if connect == "base-url":  # processed as the proxy path's records are: every call in a sequence, all trainable
+        processed = process_session(gateway, run.session, tmp_path / "out",
+                                    [f"--tokenizer={gateway.generation_config}"])
+        assert sum(s["n_calls"] for s in processed.sequences) == len(records) == len(processed.calls)
+        assert sum(s["n_trainable"] for s in processed.sequences) == sum(
+            len(token_ids(r, "completion_token_ids")) for r in records)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import json
+import socket
+import threading
 
 import anthropic
 import httpx
@@ -283,11 +285,33 @@ def test_2_2_a_path_naming_another_session_than_the_credentials_gets_the_protoco
 # -- 3. refusals ------------------------------------------------------------------------------------------------
 
 
+class FakeProvider:
+    """A listener standing in for a real provider on this machine: it counts every connection it gets."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            conn.close()
+
+
 def test_3_1_only_this_machine_origin_host_and_non_json_bodies_are_refused_without_cors(gateway, upstream):
+    provider = FakeProvider()
     before = served(gateway)["base_url_refused"]
     cases = [
         ("/openai/v1/chat/completions", {"origin": "https://evil.example"}, 403, "Origin"),
         ("/openai/v1/chat/completions", {"host": f"evil.example:{gateway.port}"}, 403, "listen address"),
+        # a Host naming another server on this machine: refused, never forwarded there
+        ("/anthropic/v1/messages", {"host": f"127.0.0.1:{provider.port}"}, 403, "listen address"),
         ("/google/v1beta/models/g:generateContent", {"content-type": "text/plain"}, 400, "content-type"),
     ]
     for path, headers, status, words in cases:
@@ -298,6 +322,8 @@ def test_3_1_only_this_machine_origin_host_and_non_json_bodies_are_refused_witho
     assert resp.json()["error"]["status"] == "INVALID_ARGUMENT"  # the Google family's own shape
     assert gateway.records() == [] and upstream.requests == []
     assert served(gateway)["base_url_refused"] == before + len(cases)
+    assert provider.accepted == 0
+    provider.sock.close()
 
 
 def test_3_2_an_unknown_address_or_endpoint_gets_the_protocols_404_and_nothing_is_forwarded(gateway, upstream):

@@ -17,6 +17,8 @@ from polar.launch import ca, paths
 from polar.launch import proxy as lp
 from polar.launch.process import alive
 from polar.launch.runfiles import ProxyEntry, ProxyRunFile
+from tests.support.records import flow_records
+from tests.support.scripted_upstream import Reply
 
 CONSOLE = os.path.join(os.path.dirname(sys.executable), "polar-proxy")
 
@@ -132,6 +134,26 @@ def test_2_1_polar_proxy_starts_reports_and_stops_a_proxy_on_a_new_confdir(tmp_p
         status = polar_proxy("status")
         doc = json.loads(status.stdout)
         assert [(p["pid"], p["running"], p["ready"]) for p in doc["proxies"]] == [(state.pid, True, True)]
+        # env --base-url: the lines an SDK needs to reach the gateway by base URL, used by a fresh shell whose
+        # HTTPS_PROXY points nowhere (the `unset` line must take it away)
+        based = polar_proxy("env", "--base-url", "--session", "s/2")
+        exports = {k: v for line in based.stdout.splitlines() if line.startswith("export ")
+                   for k, v in (word.split("=", 1) for word in shlex.split(line)[1:])}
+        origin = f"http://127.0.0.1:{state.port}/s/s%2F2"
+        assert exports == {"ANTHROPIC_BASE_URL": f"{origin}/anthropic", "OPENAI_BASE_URL": f"{origin}/openai/v1",
+                           "GOOGLE_GEMINI_BASE_URL": f"{origin}/google", "NO_PROXY": "127.0.0.1,localhost,::1",
+                           "no_proxy": "127.0.0.1,localhost,::1"}
+        assert "unset HTTPS_PROXY https_proxy" in based.stdout.splitlines()
+        upstream.script(Reply(text="by base url"))
+        call = ("import openai; print(openai.OpenAI(api_key='sk-polar-dummy', max_retries=0).chat.completions"
+                ".create(model='m', messages=[{'role': 'user', 'content': 'hi'}]).choices[0].message.content)")
+        used = subprocess.run(["bash", "-c", f'eval "$LINES"; exec {sys.executable} -c "$CALL"'], text=True,
+                              capture_output=True, timeout=60,
+                              env={**env, "LINES": based.stdout, "CALL": call, "HTTPS_PROXY": "http://127.0.0.1:9",
+                                   "https_proxy": "http://127.0.0.1:9"})
+        assert used.returncode == 0 and used.stdout.strip() == "by base url", used.stderr[-2000:]
+        [record] = flow_records(str(tmp_path / "flows"))
+        assert (record["session"], record["session_source"], record["connect"]) == ("s/2", "path", "base_url")
     finally:
         stopped = polar_proxy("stop")
     assert f"stopped proxy pid {state.pid} on port {state.port}" in stopped.stderr

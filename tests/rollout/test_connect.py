@@ -5,7 +5,7 @@ no proxy and no CA; the relay stamps the sample's session on each request as in 
      call is recorded under its own session (proxy credentials first, `connect` base_url), and the request it
      sends under the other sample's session (`/s/<that session>/` in its path) gets the protocol's 400 and reaches
      neither the backend nor a record
-1.2  the refusals: pi (no base-URL variable) and a bad value, one line each
+1.2  the refusals: the CLIs that do not honour a base-URL variable (pi, codex) and a bad value, one line each
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ def test_1_1_base_url_samples_are_recorded_under_their_own_session_and_cannot_cl
 
 
 @pytest.mark.parametrize("extra, words", [
-    (["--agent", "pi", "--connect", "base-url"], "pi has no base-URL variable"),
+    (["--agent", "pi", "--connect", "base-url"], "pi reads its base URL from its models.json"),
+    (["--agent", "codex", "--connect", "base-url"], "codex 0.171 sends nothing to OPENAI_BASE_URL"),
     (["--agent", AGENT, "--connect", "tunnel"], "invalid choice"),
 ])
 def test_1_2_connect_refusals(tmp_path, upstream, extra, words):

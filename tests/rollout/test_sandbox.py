@@ -215,6 +215,23 @@ def test_rewrite_head_replaces_every_proxy_authorization():
 
 
 @pytest.mark.unit
+def test_rewrite_head_addresses_an_origin_form_request_to_the_proxy_itself():
+    """--connect base-url: the agent's Host is the relay's address in the sandbox; the gateway requires its own."""
+    head = (b"POST /openai/v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:18080\r\nhost: evil.example\r\n"
+            b"Content-Length: 2\r\nProxy-Authorization: Basic ZXZpbDp4\r\n\r\n")
+    new, method, body = rewrite_head(head, basic_auth("s"), b"127.0.0.1:4242")
+    lines = new.split(b"\r\n")
+    assert (method, body) == ("POST", 2)
+    assert [ln for ln in lines if ln.lower().startswith(b"host:")] == [b"Host: 127.0.0.1:4242"]
+    assert [ln for ln in lines if ln.lower().startswith(b"proxy-authorization")] == [
+        b"Proxy-Authorization: " + basic_auth("s").encode()]
+    # a proxy request (absolute-form) keeps its Host: it names the host it is for
+    proxied, _, _ = rewrite_head(b"GET http://polar.gateway/ready HTTP/1.1\r\nHost: polar.gateway\r\n\r\n",
+                                 basic_auth("s"), b"127.0.0.1:4242")
+    assert b"Host: polar.gateway" in proxied and b"4242" not in proxied
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize("head", [
     b"CONNECT a:443 HTTP/1.1\r\nHost: a\nProxy-Authorization: Basic eDp4\r\n\r\n",  # bare LF hides a header
     b"CONNECT a:443 HTTP/1.1\r\nX: y\r\n Proxy-Authorization: Basic eDp4\r\n\r\n",  # obs-fold
