@@ -52,6 +52,7 @@ BAD_VALUES: list[tuple[str, list[str]]] = [
     ("polar_exact_cache_mb", ["polar_exact_cache_mb=lots"]),
     ("polar_divert", ["polar_divert=maybe"]),
     ("polar_other_hosts", ["polar_other_hosts=block"]),
+    ("polar_base_url", ["polar_base_url=yes"]),
     ("polar_control_token", ["polar_control_token="]),
     ("polar_control_token", ["polar_control_token=/dev/null/control-token"]),  # cannot be created
     ("polar_hold_timeout", ["polar_hold_timeout=soon"]),
