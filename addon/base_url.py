@@ -145,16 +145,21 @@ def listen_host() -> str | None:
     return getattr(ctx.options, "listen_host", None) if hasattr(ctx, "options") else None
 
 
-def own_address_port(flow: http.HTTPFlow, tunnelled: bool) -> int | None:
-    """The listen port when a plain-HTTP request is a base-URL request: origin-form on the proxy's own connection
-    (not inside a CONNECT tunnel), whatever its Host says (admission checks it), or absolute-form to the gateway's
-    own address. None for anything else (proxy requests to other hosts, tunnelled traffic)."""
+def own_address_port(flow: http.HTTPFlow, tunnelled: bool, origin_form: bool) -> int | None:
+    """The listen port when a plain-HTTP request reaching the request hook is a base-URL request: on a connection
+    that opened with an origin-form request (`origin_form`, seen by divert.Divert in its first bytes) whatever its
+    Host says (admission checks it, so a Host naming another server is refused, never forwarded there), or
+    absolute-form to the gateway's own address (loopback or the listen host, this connection's port). None for
+    anything else (proxy requests to other hosts, tunnelled traffic).
+
+    mitmproxy clears the authority of every regular-mode HTTP/1 request before the hooks, so the two forms look
+    alike here: the connection's first bytes tell them apart."""
     client, req = flow.client_conn, flow.request
     if tunnelled or client.tls or req.scheme != "http" or not client.sockname:
         return None
     port = int(client.sockname[1])
-    if not req.authority:
-        return port  # origin-form: addressed to whoever listens here, i.e. us
+    if origin_form:
+        return port  # addressed to whoever listens here, i.e. us
     if req.port != port:
         return None
     name = req.host.lower().strip("[]")

@@ -53,7 +53,9 @@ class Refuse(GatewayAddon):
     def request(self, flow: http.HTTPFlow) -> None:
         if flow.response is not None or not self.gateway.refuses_others():
             return
-        if base_url.own_address_port(flow, flow.client_conn.id in self.gateway.conn_users) is not None:
+        g = self.gateway
+        if base_url.own_address_port(flow, flow.client_conn.id in g.conn_users,
+                                     flow.client_conn.id in g.origin_form_conns) is not None:
             return  # addressed to the gateway itself (base-URL mode): Reroute serves it or says why not
         req = flow.request  # the readiness probe was answered by Readiness, which runs first
         if req.scheme != "https" or not is_provider_flow(self.gateway.hosts, flow):

@@ -34,6 +34,10 @@ class Divert(GatewayAddon):
     def next_layer(self, nextlayer: layer.NextLayer) -> None:
         if nextlayer.layer is not None:
             return
+        c = nextlayer.context
+        if len(c.layers) == 1 and isinstance(c.layers[0], modes.HttpProxy) \
+                and base_url.ORIGIN_FORM.match(nextlayer.data_client()[:9]):
+            self.gateway.origin_form_conns.add(c.client.id)  # for the request hook, where both forms look alike
         try:
             self._divert(nextlayer)
         except Exception:  # noqa: BLE001 — not diverted is safe: the HTTP path answers (or fails closed)
@@ -90,6 +94,7 @@ class Divert(GatewayAddon):
     def client_disconnected(self, client) -> None:
         self.gateway.tunnels.pop(client.id, None)
         self.gateway.base_url_conns.pop(client.id, None)
+        self.gateway.origin_form_conns.discard(client.id)
 
 
 class Hops(GatewayAddon):

@@ -83,6 +83,8 @@ class Gateway:
         self.tunnels: dict[str, tuple[str, str, int]] = {}
         # Divert: base-URL connections by agent connection id: (id of the hop's server connection, listen port).
         self.base_url_conns: dict[str, tuple[str, int]] = {}
+        # client connections whose first request was origin-form (a base-URL client, whether diverted or not)
+        self.origin_form_conns: set[str] = set()
         self.pending: dict[str, PendingCall] = {}  # Reroute: rerouted flows by flow id, until the endpoint takes them
         self.served = self.control.served  # calls per path (/admin/state and the readiness answer show them)
 

@@ -68,7 +68,9 @@ class FailClosed:
                     "fail_closed": True}
             flow.response = http.Response.make(503, json.dumps(body), {"content-type": "application/json"})
             return
-        if _hosts.is_provider(self.hosts, flow.request.pretty_host, flow.request.port) or flow.request.scheme == "https":
+        own = flow.client_conn.sockname and flow.request.port == flow.client_conn.sockname[1]  # a base-URL client
+        if own or _hosts.is_provider(self.hosts, flow.request.pretty_host, flow.request.port) \
+                or flow.request.scheme == "https":
             protocol = _hosts.protocol_for(flow.request.pretty_host, flow.request.path)
             status, content_type, body = _errors.unavailable(protocol, "polar gateway failed to load; see the proxy log")
             flow.response = http.Response.make(status, body, {"content-type": content_type})

@@ -28,7 +28,8 @@ class Reroute(GatewayAddon):
         g = self.gateway
         if flow.response is not None:
             return
-        listen_port = base_url.own_address_port(flow, flow.client_conn.id in self.gateway.conn_users)
+        listen_port = base_url.own_address_port(flow, flow.client_conn.id in g.conn_users,
+                                                 flow.client_conn.id in g.origin_form_conns)
         if listen_port is not None:
             self._base_url(flow, listen_port)
             return

@@ -95,21 +95,22 @@ def addon(tmp_path):
         yield gw, tctx
 
 
-def origin_flow(path: str, headers: dict | None = None, body: bytes = b"{}", host: str = f"127.0.0.1:{PORT}"):
+def origin_flow(gw, path: str, headers: dict | None = None, body: bytes = b"{}", host: str = f"127.0.0.1:{PORT}"):
     """An origin-form request on the proxy's own connection, as mitmproxy parses it (no authority; host and port
-    from the Host header)."""
+    from the Host header), its connection marked as Divert.next_layer marks one whose first bytes are origin-form."""
     hdrs = {"host": host, "content-type": "application/json", **(headers or {})}
     req = http.Request.make("POST", f"http://{host}{path}", body, hdrs)
     req.authority = ""
     f = tflow.tflow(req=req)
     f.client_conn.sockname = ("127.0.0.1", PORT)
+    gw.origin_form_conns.add(f.client_conn.id)
     return f
 
 
 def test_3_1_the_request_hook_reroutes_a_base_url_call_with_its_provider_host_and_session(addon):
     gw, _ = addon
     auth = "Basic " + base64.b64encode(b"sample-3:x").decode()
-    f = origin_flow("/s/sample-3/anthropic/v1/messages?beta=true", {"proxy-authorization": auth,
+    f = origin_flow(gw, "/s/sample-3/anthropic/v1/messages?beta=true", {"proxy-authorization": auth,
                                                                    "x-api-key": "sk-secret"})
     gw.request(f)
     assert f.response is None and f.metadata["polar_rerouted"] is True
@@ -132,7 +133,7 @@ def test_3_2_refusals_are_the_protocols_and_refuse_mode_leaves_them_to_the_gatew
                                                                                     status, protocol_key):
     gw, tctx = addon
     tctx.configure(gw, polar_other_hosts="refuse" if refuse else "tunnel")
-    f = origin_flow(path, headers)
+    f = origin_flow(gw, path, headers)
     gw.request(f)
     assert f.response.status_code == status and f.id not in gw.pending
     assert protocol_key in orjson.loads(f.response.content)
@@ -143,23 +144,35 @@ def test_3_2_refusals_are_the_protocols_and_refuse_mode_leaves_them_to_the_gatew
 def test_3_3_off_and_non_loopback_refuse_naming_the_option_and_other_hosts_stay_proxied(addon):
     gw, tctx = addon
     tctx.configure(gw, polar_base_url="off")
-    f = origin_flow("/openai/v1/chat/completions")
+    f = origin_flow(gw, "/openai/v1/chat/completions")
     gw.request(f)
     assert f.response.status_code == 403 and b"polar_base_url" in f.response.content
     tctx.configure(gw, polar_base_url="auto", listen_host="0.0.0.0")
-    f = origin_flow("/openai/v1/chat/completions")
+    f = origin_flow(gw, "/openai/v1/chat/completions")
     gw.request(f)
     assert f.response.status_code == 403 and b"polar_base_url=on" in f.response.content
     tctx.configure(gw, polar_base_url="on")
-    f = origin_flow("/openai/v1/chat/completions")
+    f = origin_flow(gw, "/openai/v1/chat/completions")
     gw.request(f)
     assert f.response is None and gw.pending[f.id].connect == "base_url"
     # an absolute-form proxy request to another host is no base-URL request, and one inside a CONNECT tunnel neither
+    # (mitmproxy clears the authority of regular-mode HTTP/1 requests before the hooks: host and port decide)
     other = tflow.tflow(req=http.Request.make("GET", "http://example.com/x"))
-    other.request.authority = "example.com"
-    assert bu.own_address_port(other, tunnelled=False) is None
-    assert bu.own_address_port(origin_flow("/openai/v1/chat/completions"), tunnelled=True) is None
+    other.request.authority = ""
+    other.client_conn.sockname = ("127.0.0.1", PORT)
+    assert bu.own_address_port(other, tunnelled=False, origin_form=False) is None
+    backend = tflow.tflow(req=http.Request.make("GET", f"http://127.0.0.1:{PORT + 1}/v1/models"))
+    backend.request.authority = ""
+    backend.client_conn.sockname = ("127.0.0.1", PORT)
+    # another port on loopback: a proxy request, which polar_other_hosts=refuse refuses as ever
+    assert bu.own_address_port(backend, tunnelled=False, origin_form=False) is None
+    tctx.configure(gw, polar_other_hosts="refuse")
+    before = gw.served["base_url_refused"]
+    gw.request(backend)
+    assert backend.response.status_code == 403 and b"polar_other_hosts=refuse" in backend.response.content
+    assert gw.refused == 1 and gw.served["base_url_refused"] == before
+    assert bu.own_address_port(origin_flow(gw, "/openai/v1/chat/completions"), tunnelled=True, origin_form=True) is None
     mine = tflow.tflow(req=http.Request.make("POST", f"http://127.0.0.1:{PORT}/openai/v1/chat/completions"))
     mine.request.authority = f"127.0.0.1:{PORT}"
     mine.client_conn.sockname = ("127.0.0.1", PORT)
-    assert bu.own_address_port(mine, tunnelled=False) == PORT  # absolute-form to our own address
+    assert bu.own_address_port(mine, tunnelled=False, origin_form=False) == PORT  # absolute-form to our own address

@@ -270,6 +270,7 @@ def test_2_1_sessions_come_from_proxy_credentials_then_the_path_then_the_header(
 
 
 def test_2_2_a_path_naming_another_session_than_the_credentials_gets_the_protocols_400(gateway, upstream):
+    seen = len(upstream.requests)  # the gateway's own start-up calls, when it starts in this test
     auth = {"proxy-authorization": "Basic " + base64.b64encode(b"sample-7:x").decode()}
     before = served(gateway)
     resp = post(gateway, "/s/sample-8/anthropic/v1/messages",
@@ -277,7 +278,7 @@ def test_2_2_a_path_naming_another_session_than_the_credentials_gets_the_protoco
     assert resp.status_code == 400
     assert resp.json()["type"] == "error" and resp.json()["error"]["type"] == "invalid_request_error"
     assert "sample-8" in resp.json()["error"]["message"] and "sample-7" in resp.json()["error"]["message"]
-    assert gateway.records() == [] and upstream.requests == []
+    assert gateway.records() == [] and upstream.requests[seen:] == []
     assert served(gateway)["base_url_refused"] == before["base_url_refused"] + 1
     assert "base-URL request" in gateway.log_text()
 
@@ -305,6 +306,7 @@ class FakeProvider:
 
 
 def test_3_1_only_this_machine_origin_host_and_non_json_bodies_are_refused_without_cors(gateway, upstream):
+    seen = len(upstream.requests)  # the gateway's own start-up calls, when it starts in this test
     provider = FakeProvider()
     before = served(gateway)["base_url_refused"]
     cases = [
@@ -320,16 +322,17 @@ def test_3_1_only_this_machine_origin_host_and_non_json_bodies_are_refused_witho
         assert words in resp.text
         assert not any(k.lower().startswith("access-control-") for k in resp.headers)
     assert resp.json()["error"]["status"] == "INVALID_ARGUMENT"  # the Google family's own shape
-    assert gateway.records() == [] and upstream.requests == []
+    assert gateway.records() == [] and upstream.requests[seen:] == []
     assert served(gateway)["base_url_refused"] == before + len(cases)
     assert provider.accepted == 0
     provider.sock.close()
 
 
 def test_3_2_an_unknown_address_or_endpoint_gets_the_protocols_404_and_nothing_is_forwarded(gateway, upstream):
+    seen = len(upstream.requests)  # the gateway's own start-up calls, when it starts in this test
     resp = post(gateway, "/mistral/v1/chat/completions", CHAT)
     assert resp.status_code == 404 and resp.json()["error"]["code"] == "not_found"
     assert "/anthropic, /openai/v1 or /google" in resp.json()["error"]["message"]
     resp = post(gateway, "/anthropic/v1/nothing-here", CHAT)
     assert resp.status_code == 404 and resp.json()["type"] == "error"
-    assert gateway.records() == [] and upstream.requests == []
+    assert gateway.records() == [] and upstream.requests[seen:] == []

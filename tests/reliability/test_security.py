@@ -15,6 +15,7 @@ import ssl
 import uuid
 
 import anthropic
+import httpx
 import openai
 import pytest
 
@@ -157,6 +158,10 @@ def test_2_2_package_import_failure_never_reaches_the_real_host(upstream, tmp_pa
             # Each provider's own "unavailable" (Anthropic's is 529 overloaded_error), routed by the exact host.
             want = unavailable(protocol_for(sni, path), "polar gateway failed to load; see the proxy log")
             assert (status, raw) == want[::2], raw[:300]
+        # a base-URL client (origin-form to the proxy's own address) gets the same answer, never a forward
+        resp = httpx.post(f"http://127.0.0.1:{gw.port}/anthropic/v1/messages", json={"model": "m"}, trust_env=False,
+                          timeout=30)
+        assert resp.status_code == 503 and "failed to load" in resp.json()["error"]["message"], resp.text
         # (scripts/proxy's own start-up check GETs /v1/models; nothing was generated)
         assert sentinel.connections == 0 and [r for r in upstream.requests if r.method != "GET"] == []
     finally:
