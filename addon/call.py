@@ -360,7 +360,7 @@ class Call:
         return status
 
     def _make_encoder(self, info: BackendInfo, reader: StreamReader) -> None:
-        prompt_tokens = len(reader.prompt_token_ids) if reader.prompt_token_ids is not None else None
+        prompt_tokens = reader.prompt_count()
         ctx = EncodeContext(plan=self.plan, route=self.route, response_id=self.p.record_id.replace("-", ""),
                             model=self.plan.model_requested or self.route.model or info.model,
                             prompt_tokens=prompt_tokens, created=int(self.p.t_start))
@@ -374,8 +374,10 @@ class Call:
         self.rec.set(provider_stop_reason=self.codec.provider_stop_reason(completion, self.plan))
         if reader.forced_from_content:
             self.rec.note("forced_tool_call_parsed_from_content")
-        if reader.prompt_token_ids is None or reader.completion_token_ids is None:
+        if reader.prompt_ids_path is None or reader.completion_token_ids is None:
             self.rec.note("backend_gave_no_token_ids")
+        if reader.prompt_ids_path is not None and self.settings.control is not None:
+            self.settings.control.prompt_ids[reader.prompt_ids_path] += 1
         if self.plan.stream:
             last = b"".join(self.encoder.finish(completion))
         else:

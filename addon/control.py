@@ -86,6 +86,9 @@ class Control:
         self._held_since: float | None = None
         # calls served per path (the gateway counts them; the state answer and the readiness probe show them)
         self.served = {"diverted": 0, "rerouted": 0, "base_url": 0, "base_url_refused": 0}
+        # how each call's prompt ids were read from the backend: kept as its ASCII digits ("fast") or parsed whole
+        # ("parsed", the fallback: a backend that spaces its arrays, a torn chunk)
+        self.prompt_ids = {"fast": 0, "parsed": 0}
 
     @property
     def held(self) -> bool:
@@ -152,7 +155,8 @@ class Control:
         held_for = time.monotonic() - self._held_since if self._held_since is not None else None
         return {"held": self.held, "weight_version": self.weight_version, "in_flight": self.in_flight,
                 "waiting": self.waiting, "held_for_s": held_for, "hold_timeout_s": self.hold_timeout,
-                "holds": self.holds, "expired": self.expired, "served": dict(self.served)}
+                "holds": self.holds, "expired": self.expired, "served": dict(self.served),
+                "prompt_ids": dict(self.prompt_ids)}
 
     def close(self) -> None:
         self._reopen()

@@ -10,7 +10,10 @@ import sys
 from collections import deque
 from dataclasses import dataclass
 
+import msgpack
 import orjson
+
+from polar import records as rec
 
 from .exact_cache import CachedTurn, MsgKey, cached_turn, settings_key
 from .turn_index import PassStats, ReadStats, TurnIndex
@@ -42,7 +45,8 @@ def cacheable(record: dict) -> dict | None:
     if not may_be_cached(record):
         return None
     ids = (record.get("prompt_token_ids"), record.get("completion_token_ids"), record.get("upstream_request"))
-    if not all(isinstance(x, bytes) for x in ids) or not isinstance(record.get("assistant"), dict):
+    prompt_ok = isinstance(ids[0], bytes) or (isinstance(ids[0], msgpack.ExtType) and ids[0].code == rec.ASCII_IDS)
+    if not (prompt_ok and all(isinstance(x, bytes) for x in ids[1:])) or not isinstance(record.get("assistant"), dict):
         return None
     return {name: record.get(name) for name in _TURN_FIELDS}
 
@@ -70,10 +74,10 @@ def turn_from_record(record: dict, keys: dict[bytes, MsgKey] | None = None) -> C
                        fields["assistant"], t_end if isinstance(t_end, float) else None)
 
 
-def _ids_array(blob: bytes) -> array.array:
-    """int32 little-endian ids as the cache stores them (record.unpack_ids without the list)."""
+def _ids_array(blob: bytes | msgpack.ExtType) -> array.array:
+    """Ids of either encoding as the cache stores them (int32; record.unpack_ids without the list)."""
     arr = array.array("i")
-    arr.frombytes(blob)
+    arr.frombytes(rec.ids_blob(blob))
     if sys.byteorder != "little":
         arr.byteswap()
     return arr

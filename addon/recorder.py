@@ -14,6 +14,8 @@ from __future__ import annotations
 import logging
 import time
 
+import orjson
+
 from polar import records as rec
 from polar.records import FlowWriter
 
@@ -85,7 +87,8 @@ class Recorder:
         r["t_end"] = time.time()
         if self.reader is not None:
             self._absorb(self.reader)
-        prompt = self.reader.prompt_token_ids if self.reader is not None else None
+        # exact mode compares and caches the prompt as a list; the plain path keeps the backend's digits
+        prompt = self._exact_prompt() if self.reader is not None and self.exact_turn is not None else None
         try:
             if self.exact_turn is not None:
                 self.exact.finish(self.exact_turn, r, prompt)
@@ -98,9 +101,19 @@ class Recorder:
             log.error("polar: could not write record %s: %s", r["id"], exc)
             self.lost = exc if isinstance(exc, OSError) else OSError(str(exc))
 
+    def _exact_prompt(self) -> list[int] | None:
+        """The echoed prompt as a list. When the backend's digits are exactly the ids exact mode sent (serialized
+        as the proxy sent them), those are the list: the echo check is a bytes compare and nothing is decoded."""
+        rd, sent = self.reader, self.exact_turn.sent
+        if rd.prompt_ids_ascii is not None and sent is not None and rd.prompt_ids_ascii == orjson.dumps(sent)[1:-1]:
+            return sent
+        return rd.prompt_token_ids
+
     def _absorb(self, rd) -> None:
         r = self.record
-        r["prompt_token_ids"] = rec.pack_ids(rd.prompt_token_ids)
+        # the backend's digits as they came (ASCII ids) when the fast path took them, else int32
+        r["prompt_token_ids"] = (rec.ascii_ids(rd.prompt_ids_ascii) if rd.prompt_ids_ascii is not None
+                                 else rec.pack_ids(rd.prompt_token_ids))
         r["completion_token_ids"] = rec.pack_ids(rd.completion_token_ids)
         # One logprob per sampled token, or none at all (record.validate holds the invariant).
         r["completion_logprobs"] = (rec.pack_floats(rd.logprobs)

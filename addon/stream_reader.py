@@ -7,7 +7,35 @@ from __future__ import annotations
 
 import orjson
 
+from polar import records as rec
+
 from .codecs.base import Completion, Delta, GatewayError, ToolCall, ToolCallDelta
+
+
+# Where a backend puts the prompt's ids: vLLM's first chunk (`prompt_token_ids`), SGLang's last (`sglext.input_ids`)
+PROMPT_ID_KEYS = (b'"prompt_token_ids":[', b'"input_ids":[')
+
+
+def cut_prompt_ids(payload: bytes) -> tuple[bytes, bytes] | None:
+    """(the chunk with its prompt-id array replaced by null, the array's ASCII digits) when the chunk's bytes hold
+    one such array of digits and single commas; None otherwise (no array, or anything else in it: spaces, a torn
+    chunk, nested lists), and then the chunk is parsed whole, as before.
+
+    The key cannot match inside a JSON string (a quote there is escaped), and the gateway only stores these ids: in
+    normal mode they need never become Python ints (docs/records.md, ASCII ids)."""
+    for key in PROMPT_ID_KEYS:
+        i = payload.find(key)
+        if i < 0:
+            continue
+        start = i + len(key)
+        end = payload.find(b"]", start)
+        if end < 0:
+            return None
+        digits = payload[start:end]
+        if not rec.is_ascii_ids(digits):
+            return None
+        return payload[:start - 1] + b"null" + payload[end + 1:], digits
+    return None
 
 
 def sglext_output_ids(value: list) -> list[int]:
@@ -20,7 +48,9 @@ def sglext_output_ids(value: list) -> list[int]:
 
 class StreamReader:
     """Accumulates one backend SSE stream. feed(bytes) → the Deltas it completed; the first chunk's prompt ids are
-    in .prompt_token_ids as soon as it is read.
+    there as soon as it is read: as the backend's ASCII digits in .prompt_ids_ascii when `cut_prompt_ids` took
+    them out of the chunk's bytes (.prompt_ids_path "fast"), else parsed ("parsed"); .prompt_token_ids gives them as
+    a list either way (decoding the digits on first use: exact mode needs the list, the recorder does not).
 
     A forced tool call (tool_choice required or named) is guided JSON: `[{"name", "parameters"}]` for required, the
     arguments object for named. Some backend configurations stream that JSON as plain content (vLLM with a reasoning
@@ -39,7 +69,9 @@ class StreamReader:
         self._buf = b""
         self.done = False  # saw [DONE]
         self.chunks = 0
-        self.prompt_token_ids: list[int] | None = None
+        self._prompt_ids: list[int] | None = None
+        self.prompt_ids_ascii: bytes | None = None
+        self.prompt_ids_path: str | None = None  # "fast" (kept as bytes) or "parsed" (today's path); None: none came
         self.completion_token_ids: list[int] | None = None
         self.logprobs: list[float] | None = None
         self.logprob_entries: list[dict] = []
@@ -53,6 +85,22 @@ class StreamReader:
         self.system_fingerprint: str | None = None
         self.model: str | None = None
         self.weight_versions = None
+
+    @property
+    def prompt_token_ids(self) -> list[int] | None:
+        if self._prompt_ids is None and self.prompt_ids_ascii is not None:
+            self._prompt_ids = rec.unpack_ids(rec.ascii_ids(self.prompt_ids_ascii))
+        return self._prompt_ids
+
+    def prompt_count(self) -> int | None:
+        """How many prompt ids came, without decoding them."""
+        if self.prompt_ids_ascii is not None:
+            return rec.id_count(rec.ascii_ids(self.prompt_ids_ascii))
+        return None if self._prompt_ids is None else len(self._prompt_ids)
+
+    def _set_prompt(self, ids) -> None:
+        if self.prompt_ids_path is None:
+            self._prompt_ids, self.prompt_ids_path = list(ids), "parsed"
 
     def feed(self, data: bytes) -> list[Delta]:
         """Parse whole SSE events out of `data`; raise GatewayError on an error event or garbage."""
@@ -73,6 +121,11 @@ class StreamReader:
             if payload == b"[DONE]":
                 self.done = True
                 continue
+            if self.prompt_ids_path is None:  # until the prompt's ids came: cut them out as bytes if they are here
+                cut = cut_prompt_ids(payload)
+                if cut is not None:
+                    payload, self.prompt_ids_ascii = cut
+                    self.prompt_ids_path = "fast"
             try:
                 chunk = orjson.loads(payload)
             except orjson.JSONDecodeError:
@@ -122,8 +175,8 @@ class StreamReader:
 
     def _chunk_facts(self, chunk: dict) -> None:
         """What a chunk says outside its choices: prompt ids (vLLM's first chunk), model, usage, SGLang's ids."""
-        if self.prompt_token_ids is None and chunk.get("prompt_token_ids") is not None:
-            self.prompt_token_ids = list(chunk["prompt_token_ids"])
+        if chunk.get("prompt_token_ids") is not None:
+            self._set_prompt(chunk["prompt_token_ids"])
         if chunk.get("system_fingerprint"):
             self.system_fingerprint = chunk["system_fingerprint"]
         if chunk.get("model"):
@@ -133,14 +186,14 @@ class StreamReader:
         ext = chunk.get("sglext")
         if isinstance(ext, dict):
             if ext.get("input_ids") is not None:
-                self.prompt_token_ids = list(ext["input_ids"])
+                self._set_prompt(ext["input_ids"])
             if ext.get("output_ids") is not None:
                 self.completion_token_ids = sglext_output_ids(ext["output_ids"])
 
     def _token_data(self, choice: dict) -> list[dict]:
         """The choice's sampled ids and their logprobs (one per id, else `missing_logprobs`); returns the entries."""
-        if self.prompt_token_ids is None and choice.get("prompt_token_ids") is not None:
-            self.prompt_token_ids = list(choice["prompt_token_ids"])
+        if choice.get("prompt_token_ids") is not None:
+            self._set_prompt(choice["prompt_token_ids"])
         ids = choice.get("token_ids")
         if ids is not None:
             if self.completion_token_ids is None:
@@ -215,7 +268,7 @@ class StreamReader:
         usage = self.usage or {}
         prompt = usage.get("prompt_tokens")
         if prompt is None:
-            prompt = len(self.prompt_token_ids or ())
+            prompt = self.prompt_count() or 0
         completion_n = usage.get("completion_tokens")
         if completion_n is None:
             completion_n = len(self.completion_token_ids or ())

@@ -2,13 +2,15 @@
 1).
 
 Normalizes from each record's `upstream_request`, which is already OpenAI chat (what the model saw), so no
-protocol codec is needed. Token arrays are zero-copy numpy views on the record's int32/float32 LE bytes.
+protocol codec is needed. Token arrays are zero-copy numpy views on the record's int32/float32 LE bytes; a prompt
+in ASCII ids (docs/records.md) is decoded vectorised, once, into int32.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgpack
 import numpy as np
 import orjson
 
@@ -48,12 +50,33 @@ class Call:
         return self.prompt is not None and self.completion is not None
 
 
-def ids_view(blob: bytes | None) -> np.ndarray | None:
+def ids_view(blob: bytes | msgpack.ExtType | None) -> np.ndarray | None:
     if blob is None:
         return None
+    if isinstance(blob, msgpack.ExtType):
+        return ascii_ids_array(blob)
     if len(blob) % 4:
         raise ValueError(f"token id field of {len(blob)} bytes is not a whole number of int32 values")
     return np.frombuffer(blob, dtype=_I32)
+
+
+def ascii_ids_array(ext: msgpack.ExtType) -> np.ndarray:
+    """ASCII ids (ExtType records.ASCII_IDS) → int32, by numpy's C parser; ValueError on anything that is not
+    digits joined by single commas, or an id past int32 (never a wrong id)."""
+    if ext.code != rec.ASCII_IDS:
+        raise ValueError(f"token id field is msgpack ExtType {ext.code}, not ASCII ids")
+    digits = ext.data
+    if not digits:
+        return np.empty(0, dtype=_I32)
+    if not rec.is_ascii_ids(digits):
+        raise ValueError("ASCII token ids hold something other than digits and single commas")
+    wide = np.fromstring(digits, dtype=np.int64, sep=",")
+    if len(wide) != digits.count(b",") + 1 or int(wide.max()) > _I32_MAX:
+        raise ValueError("ASCII token ids could not all be read as int32")
+    return wide.astype(_I32)
+
+
+_I32_MAX = 2**31 - 1
 
 
 def floats_view(blob: bytes | None) -> np.ndarray | None:
@@ -118,13 +141,15 @@ def to_call(r: dict, source_file: str, source_offset: int) -> Call:
     messages_json = orjson.dumps(messages).decode() if messages is not None else None
     tools_json = orjson.dumps(tools if tools is not None else []).decode() if body else None
     assistant = r.get("assistant") if isinstance(r.get("assistant"), dict) else None
-    prompt_b = r.get("prompt_token_ids") if isinstance(r.get("prompt_token_ids"), bytes) else None
+    prompt_v = r.get("prompt_token_ids")
+    prompt_v = prompt_v if isinstance(prompt_v, (bytes, msgpack.ExtType)) else None
     comp_b = r.get("completion_token_ids") if isinstance(r.get("completion_token_ids"), bytes) else None
     try:
-        prompt = ids_view(prompt_b)
+        prompt = ids_view(prompt_v)
         completion = ids_view(comp_b)
     except ValueError as exc:
         raise InputError(f"{source_file} offset {source_offset}: {exc}") from exc
+    prompt_b = prompt_v if isinstance(prompt_v, bytes) or prompt is None else prompt.tobytes()
     logprobs = floats_view(r.get("completion_logprobs") if isinstance(r.get("completion_logprobs"), bytes) else None)
     if logprobs is not None and (completion is None or len(logprobs) != len(completion)):
         logprobs = None  # one logprob per generated token, or none at all

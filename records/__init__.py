@@ -4,7 +4,8 @@ This package imports only the standard library and msgpack (never another polar 
 through it, and the processor, the rollout runner and the trainer read them through it.
 
 - `schema`: the record itself — its fields and version (FIELDS, VERSION, `new_record`, `validate`, `normalize`), the
-  token-array encodings (`pack_ids`, `pack_floats`), header redaction, and record ids (`uuid7`, the project's one).
+  token-array encodings (`pack_ids`, `pack_floats`, `ascii_ids`; read back by `ids_blob`, `unpack_ids`, `id_count`),
+  header redaction, and record ids (`uuid7`, the project's one).
 - `flowdir`: the flow directory — writer file names (`WriterName`), the writer (`FlowWriter`), whole-record reads
   (`iter_file`, `iter_files`, `PromptResolver`), the skim of a record's small fields (`skim`, `skim_file`),
   positioned reads (`read_at`, `record_at`, `RecordFiles`) and dead-writer recovery (`close_dead_writers`).
@@ -19,7 +20,7 @@ from .flowdir import (  # noqa: F401
 )
 from .inspect import main  # noqa: F401
 from .schema import (  # noqa: F401
-    ERROR_STAGES, FIELDS, PROTOCOLS, REDACTED, SECRET_HEADERS, VERSION, SchemaError, is_constrained, new_record,
-    normalize, pack, pack_floats, pack_ids, redact_headers, token_ids, unpack_floats, unpack_ids, uuid7, validate,
-    version_problem,
+    ASCII_ID_FIELDS, ASCII_IDS, ERROR_STAGES, FIELDS, PROTOCOLS, REDACTED, SECRET_HEADERS, VERSION, SchemaError,
+    ascii_ids, id_count, ids_blob, is_ascii_ids, is_constrained, new_record, normalize, pack, pack_floats, pack_ids,
+    redact_headers, token_ids, unpack_floats, unpack_ids, uuid7, validate, version_problem,
 )

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from . import schema
 from .schema import SchemaError, normalize, pack
 
 FILE_SUFFIX = ".msgpack"
@@ -315,13 +316,14 @@ class PromptResolver:
     `prompt_tail_ids` means the referenced record's prompt + completion cut to `len`, then the tail.
 
     Feed records in file order (a referenced record is always older: same session, earlier start): `resolve(r)`
-    fills r["prompt_token_ids"] when the referenced record was seen, then remembers r. Memory is bounded by
-    `max_bytes` of remembered ids (oldest forgotten first); an unresolvable record keeps `prompt_token_ids` nil and
-    is counted in `unresolved` (the processor then leaves it out of sequences)."""
+    fills r["prompt_token_ids"] (int32 bytes, whatever the parent's and the tail's encodings) when the referenced
+    record was seen, then remembers r. A remembered prompt stays in its encoding until a child needs it. Memory is
+    bounded by `max_bytes` of remembered ids (oldest forgotten first); an unresolvable record keeps
+    `prompt_token_ids` nil and is counted in `unresolved` (the processor then leaves it out of sequences)."""
 
     def __init__(self, max_bytes: int = 1 << 30):
         self.max_bytes = max_bytes
-        self._seen: dict[str, tuple[bytes, bytes]] = {}
+        self._seen: dict[str, tuple[bytes | msgpack.ExtType, bytes]] = {}
         self._bytes = 0
         self.unresolved: list[str] = []
 
@@ -330,10 +332,13 @@ class PromptResolver:
         if record.get("prompt_token_ids") is None and isinstance(ref, dict):
             parent = self._seen.get(str(ref.get("id")))
             cut = ref.get("len")
-            tail = record.get("prompt_tail_ids")
-            if parent is not None and isinstance(cut, int) and isinstance(tail, bytes) \
-                    and 0 <= cut <= (len(parent[0]) + len(parent[1])) // 4:
-                record["prompt_token_ids"] = (parent[0] + parent[1])[: 4 * cut] + tail
+            try:
+                tail = schema.ids_blob(record.get("prompt_tail_ids"))
+                head = schema.ids_blob(parent[0]) + parent[1] if parent is not None else None
+            except ValueError:
+                tail = head = None  # undecodable ids: unresolved, never guessed
+            if head is not None and isinstance(cut, int) and isinstance(tail, bytes) and 0 <= cut <= len(head) // 4:
+                record["prompt_token_ids"] = head[: 4 * cut] + tail
             else:
                 self.unresolved.append(str(record.get("id")))
         self.remember(record)
@@ -342,18 +347,22 @@ class PromptResolver:
     def remember(self, record: dict) -> None:
         prompt, completion = record.get("prompt_token_ids"), record.get("completion_token_ids")
         rid = record.get("id")
-        if not isinstance(prompt, bytes) or not isinstance(rid, str):
+        if not isinstance(prompt, (bytes, msgpack.ExtType)) or not isinstance(rid, str):
             return
         completion = completion if isinstance(completion, bytes) else b""
         old = self._seen.pop(rid, None)
         if old is not None:
-            self._bytes -= len(old[0]) + len(old[1])
+            self._bytes -= _size(old[0]) + len(old[1])
         self._seen[rid] = (prompt, completion)
-        self._bytes += len(prompt) + len(completion)
+        self._bytes += _size(prompt) + len(completion)
         while self._bytes > self.max_bytes and len(self._seen) > 1:
             first = next(iter(self._seen))
             p, c = self._seen.pop(first)
-            self._bytes -= len(p) + len(c)
+            self._bytes -= _size(p) + len(c)
+
+
+def _size(ids: bytes | msgpack.ExtType) -> int:
+    return len(ids.data) if isinstance(ids, msgpack.ExtType) else len(ids)
 
 
 # ---------------------------------------------------------------------------------------------------- positioned reads

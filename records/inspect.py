@@ -9,21 +9,28 @@ from __future__ import annotations
 
 import sys
 
+import msgpack
+
 from .flowdir import FILE_SUFFIX, OPEN_SUFFIX, FileScan, NotAFlowFile, expand_inputs, iter_file
 from .schema import SchemaError, unpack_floats, unpack_ids
 
 PROG = "python -m polar.records"
 
-# Binary fields that hold int32 token ids (printed as ids, never as bytes).
+# Fields that hold token ids (int32 bytes, or ASCII ids) (printed as ids, never as bytes).
 ID_FIELDS = ("prompt_token_ids", "completion_token_ids", "prompt_tail_ids")
 
 
 def _summary(record: dict) -> dict:
     out = {}
     for key, value in record.items():
-        if key in ID_FIELDS and isinstance(value, bytes):
-            ids = unpack_ids(value)
-            out[key] = f"{len(ids)} ids: {ids[:8]}{'…' if len(ids) > 8 else ''}"
+        if key in ID_FIELDS and isinstance(value, (bytes, msgpack.ExtType)):
+            try:
+                ids = unpack_ids(value)
+            except ValueError as exc:
+                out[key] = f"<undecodable ids: {exc}>"
+                continue
+            form = " (ASCII)" if isinstance(value, msgpack.ExtType) else ""
+            out[key] = f"{len(ids)} ids{form}: {ids[:8]}{'…' if len(ids) > 8 else ''}"
         elif key == "completion_logprobs" and isinstance(value, bytes):
             lps = unpack_floats(value)
             out[key] = f"{len(lps)} logprobs: {[round(x, 3) for x in lps[:4]]}{'…' if len(lps) > 4 else ''}"
@@ -35,7 +42,7 @@ def _summary(record: dict) -> dict:
 
 
 def _full(record: dict) -> dict:
-    return {k: (unpack_ids(v) if k in ID_FIELDS and isinstance(v, bytes)
+    return {k: (unpack_ids(v) if k in ID_FIELDS and isinstance(v, (bytes, msgpack.ExtType))
                 else unpack_floats(v) if k == "completion_logprobs" and isinstance(v, bytes)
                 else v.decode("utf-8", "replace") if isinstance(v, bytes) else v)
             for k, v in record.items()}

@@ -5,7 +5,11 @@ What a writer guarantees: every record is a map with every field of FIELDS (`new
 (the fields it lacks read as None) and fields it does not know (kept as they are); a newer `v` is a clear error
 (`SchemaError`), never a guess.
 
-Token ids are int32 and logprobs float32, little-endian blobs (`pack_ids`, `pack_floats`). Record ids are UUIDv7
+Token ids are int32 and logprobs float32, little-endian blobs (`pack_ids`, `pack_floats`). Since v3 a prompt's ids
+may instead be the backend's own ASCII digits, comma-separated, in a msgpack ExtType (code ASCII_IDS, `ascii_ids`):
+the gateway stores vLLM's `prompt_token_ids` array as it came, never turning 12k ids into Python ints. Plain bin is
+never used for it, so a reader that does not know the encoding fails loudly instead of reading digits as int32.
+Every reader goes through `ids_blob` / `unpack_ids` / `id_count`, which take either encoding. Record ids are UUIDv7
 (`uuid7`): time-ordered, so ids sort like start times. Header values named in SECRET_HEADERS never reach a record.
 
 This module imports only the standard library and msgpack.
@@ -23,7 +27,12 @@ from collections.abc import Iterable
 
 import msgpack
 
-VERSION = 2
+VERSION = 3
+
+# the fields that may hold ASCII ids (the prompt: the one array the gateway only stores)
+ASCII_ID_FIELDS = ("prompt_token_ids", "prompt_tail_ids")
+# msgpack ExtType code of token ids as ASCII decimal digits joined by commas (b"1,22,333"; b"" is no id)
+ASCII_IDS = 1
 
 PROTOCOLS = ("anthropic_messages", "openai_chat", "openai_responses", "google_generate")
 ERROR_STAGES = (
@@ -53,6 +62,7 @@ FIELDS = (
     # v2: how the agent reached the gateway — "proxy" (HTTPS_PROXY, the transparent path) or "base_url" (its provider
     # base URL set to the gateway); nil in older records, which all came through the proxy
     "connect",
+    # v3 adds no field: prompt_token_ids and prompt_tail_ids may be ASCII ids (ASCII_IDS)
 )
 
 # Headers whose values never reach disk or the backend.
@@ -119,10 +129,67 @@ def pack_ids(ids: Iterable[int] | None) -> bytes | None:
     return arr.tobytes()
 
 
-def unpack_ids(blob: bytes | None) -> list[int] | None:
-    """int32 little-endian bytes back to token ids; None stays None."""
+def ascii_ids(digits: bytes) -> msgpack.ExtType:
+    """Token ids kept as the backend wrote them: ASCII decimal digits joined by commas, no brackets, no spaces
+    (b"" for no id). The caller has checked the form (`is_ascii_ids`)."""
+    return msgpack.ExtType(ASCII_IDS, bytes(digits))
+
+
+_NOT_DIGITS = b"0123456789,"
+
+
+def is_ascii_ids(digits: bytes) -> bool:
+    """Whether `digits` has the ASCII_IDS form: empty, or decimal numbers joined by single commas. C-speed scans
+    only: the gateway checks every prompt with it before storing the bytes. (An id past int32 passes here and is
+    refused where the digits are decoded: never read as a wrong id.)"""
+    if not digits:
+        return True
+    return not (digits.translate(None, _NOT_DIGITS) or digits[:1] == b"," or digits[-1:] == b","
+                or b",," in digits)
+
+
+def _ascii_to_array(digits: bytes) -> array.array:
+    arr = array.array("i")
+    if digits:
+        if not is_ascii_ids(digits):
+            raise ValueError("ASCII token ids hold something other than digits and single commas")
+        try:
+            arr.extend(map(int, digits.split(b",")))
+        except OverflowError:
+            raise ValueError("an ASCII token id is past int32") from None
+    return arr
+
+
+def ids_blob(value: bytes | msgpack.ExtType | None) -> bytes | None:
+    """A token-id field of either encoding as int32 little-endian bytes; None stays None. ValueError on an ExtType
+    that is not ASCII_IDS or whose digits are not ids."""
+    if value is None or isinstance(value, (bytes, bytearray)):
+        return value
+    if isinstance(value, msgpack.ExtType) and value.code == ASCII_IDS:
+        arr = _ascii_to_array(value.data)  # array("i") refuses an id past int32 (OverflowError → ValueError)
+        if sys.byteorder != "little":
+            arr.byteswap()
+        return arr.tobytes()
+    raise ValueError(f"not a token-id field: {type(value).__name__}")
+
+
+def id_count(value: bytes | msgpack.ExtType | None) -> int | None:
+    """How many ids a token-id field of either encoding holds, without decoding them."""
+    if value is None:
+        return None
+    if isinstance(value, msgpack.ExtType):
+        return value.data.count(b",") + 1 if value.data else 0
+    return len(value) // 4
+
+
+def unpack_ids(blob: bytes | msgpack.ExtType | None) -> list[int] | None:
+    """Token ids back from either encoding (int32 little-endian bytes, or ASCII_IDS); None stays None."""
     if blob is None:
         return None
+    if isinstance(blob, msgpack.ExtType):
+        if blob.code != ASCII_IDS:
+            raise ValueError(f"not a token-id field: msgpack ExtType code {blob.code}")
+        return _ascii_to_array(blob.data).tolist()
     arr = array.array("i")
     arr.frombytes(blob)
     if sys.byteorder != "little":
@@ -178,13 +245,16 @@ def new_record(**values) -> dict:
 def validate(record: dict) -> None:
     """The invariants a writer keeps; ValueError names the first one broken: only known fields; token arrays are
     int32/float32 blobs; one logprob per sampled token (`completion_logprobs` is nil or exactly as long as
-    `completion_token_ids`); an error's stage is one of ERROR_STAGES; `weight_version` is a string or nil."""
+    `completion_token_ids`); the prompt fields may be ASCII ids instead; an error's stage is one of ERROR_STAGES; `weight_version` is a string or nil."""
     unknown = set(record) - set(FIELDS)
     if unknown:
         raise ValueError(f"not record fields: {sorted(unknown)}")
     for name in ("prompt_token_ids", "completion_token_ids", "completion_logprobs", "prompt_tail_ids"):
         blob = record.get(name)
-        if blob is not None and (not isinstance(blob, (bytes, bytearray)) or len(blob) % 4):
+        if isinstance(blob, msgpack.ExtType) and name in ASCII_ID_FIELDS:
+            if blob.code != ASCII_IDS or not is_ascii_ids(blob.data):
+                raise ValueError(f"{name} must be ASCII ids (ExtType {ASCII_IDS}: digits joined by commas)")
+        elif blob is not None and (not isinstance(blob, (bytes, bytearray)) or len(blob) % 4):
             raise ValueError(f"{name} must be a blob of 4-byte values")
     logprobs, completion = record.get("completion_logprobs"), record.get("completion_token_ids")
     if logprobs is not None and (completion is None or len(logprobs) != len(completion)):

@@ -218,3 +218,4 @@ def test_5_2_weight_version_is_a_string_or_nil():
 ])
 def test_5_2_is_constrained_is_the_one_rule(chat, constrained):
     assert rec.is_constrained(chat) is constrained
+

@@ -6,7 +6,8 @@ import orjson
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from polar.addon.stream_reader import StreamReader, classify_backend_error
+from polar.addon.codecs.base import GatewayError
+from polar.addon.stream_reader import StreamReader, classify_backend_error, cut_prompt_ids
 
 pytestmark = pytest.mark.unit
 
@@ -124,3 +125,58 @@ def test_2_7_sglang_sglext_output_ids_are_one_list_per_choice():
     reader = StreamReader(False)
     reader.feed(flat)
     assert reader.completion_token_ids == [7, 8, 2]
+
+
+# -- 4. prompt ids kept as the backend's bytes ------------------------------------------------------------------------
+
+
+def _feed_all(raw: bytes) -> StreamReader:
+    reader = StreamReader(keep_logprob_entries=False)
+    reader.feed(raw)
+    return reader
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=2**31 - 1), max_size=200))
+def test_4_1_a_compact_prompt_array_is_cut_out_as_bytes_and_reads_back_as_the_same_ids(prompt):
+    raw = vllm_stream(prompt, [({"content": "hi"}, [7, 8])])
+    reader = _feed_all(raw)
+    assert reader.prompt_ids_path == "fast"
+    assert reader.prompt_ids_ascii == ",".join(map(str, prompt)).encode()
+    assert reader.prompt_count() == len(prompt) and reader.completion().prompt_tokens == len(prompt)
+    assert reader.prompt_token_ids == prompt  # decoded on first use
+    assert reader.completion_token_ids == [7, 8] and reader.completion().content == "hi"
+
+
+@pytest.mark.parametrize("first_chunk, why", [
+    (b'{"id":"c","prompt_token_ids":[1, 2, 3],"choices":[]}', "spaces after the commas"),
+    (b'{"id":"c","prompt_token_ids":[[1,2],[3]],"choices":[]}', "nested lists"),
+    (b'{"id":"c","prompt_token_ids":[1,2,-3],"choices":[]}', "a sign"),
+    (b'{"id":"c","prompt_token_ids":[1,2.0,3],"choices":[]}', "a float"),
+])
+def test_4_2_anything_but_digits_and_commas_takes_todays_path(first_chunk, why):
+    raw = b"data: " + first_chunk + b"\n\n"
+    reader = StreamReader(keep_logprob_entries=False)
+    reader.feed(raw)
+    assert reader.prompt_ids_ascii is None, why
+    assert reader.prompt_ids_path == "parsed"
+    assert reader.prompt_token_ids == [x for x in orjson.loads(first_chunk)["prompt_token_ids"]]
+
+
+def test_4_3_the_key_inside_a_string_is_not_an_array_and_a_torn_chunk_is_not_cut():
+    sneaky = {"id": "c", "choices": [{"index": 0, "delta": {"content": '"prompt_token_ids":[6,6,6]'},
+                                      "finish_reason": None}], "prompt_token_ids": [1, 2]}
+    reader = _feed_all(b"data: " + orjson.dumps(sneaky) + b"\n\n")
+    assert reader.prompt_token_ids == [1, 2] and reader.content == ['"prompt_token_ids":[6,6,6]']
+    assert cut_prompt_ids(b'{"prompt_token_ids":[1,2,3') is None  # no closing bracket: parsed whole, and fails there
+    assert cut_prompt_ids(b'{"prompt_token_ids":[]}') == (b'{"prompt_token_ids":null}', b"")
+    with pytest.raises(GatewayError, match="malformed JSON"):
+        _feed_all(b'data: {"prompt_token_ids":[1,2,3\n\n')  # a torn chunk is malformed JSON: an error, no ids
+
+
+def test_4_4_sglang_trailing_input_ids_take_the_fast_path_too():
+    last = {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "sglext": {"input_ids": [5, 6, 7], "output_ids": [[8, 9]]}}
+    reader = _feed_all(b"data: " + orjson.dumps(last) + b"\n\ndata: [DONE]\n\n")
+    assert reader.prompt_ids_path == "fast" and reader.prompt_token_ids == [5, 6, 7]
+    assert reader.completion_token_ids == [8, 9]

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import anthropic
 import httpx
+import msgpack
 import openai
 import orjson
 import pytest
@@ -228,6 +229,10 @@ def assert_record_matches_backend(contract, r: dict, ex, protocol: str, stream: 
     prompt = rec.token_ids(r, "prompt_token_ids")
     assert prompt and prompt == contract.tokenize_chat(upstream)
     assert prompt == truth.prompt_token_ids
+    # 1b: kept as the backend's own digits (the fast path, record v3), exactly as they came over the wire
+    ids = r["prompt_token_ids"]
+    assert isinstance(ids, msgpack.ExtType) and ids.code == rec.ASCII_IDS, "the prompt ids took the fast path"
+    assert b'"prompt_token_ids":[' + ids.data + b"]" in ex.response_body
     # 2: completion ids and logprobs = what the backend sent, one logprob per id.
     completion = rec.token_ids(r, "completion_token_ids")
     assert completion and completion == truth.completion_ids

@@ -50,16 +50,8 @@ def base(gateway, family: str, session: str | None = None) -> str:
     return f"http://127.0.0.1:{gateway.port}{prefix}/{family}"
 
 
-def admin_state(gateway) -> dict:
-    with open(gateway.state["control_token"]) as fh:
-        token = fh.read().strip()
-    with httpx.Client(trust_env=False, timeout=10) as client:
-        return client.get(gateway.state["control_url"] + "/admin/state",
-                          headers={"x-polar-control-token": token}).json()
-
-
 def served(gateway) -> dict:
-    return admin_state(gateway)["served"]
+    return gateway.admin_state()["served"]
 
 
 def made_ids(records: list[dict], upstream) -> list[str]:

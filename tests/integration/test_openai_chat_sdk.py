@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import os
 
+import msgpack
 import openai
 import pytest
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 
+from polar import records as rec
 from tests.support.captures import capture_files
 from tests.support.records import assert_tokens_match, one_record
 from tests.support.scripted_upstream import Reply
@@ -285,3 +287,21 @@ def test_5_1_every_captured_qwen_body_is_answered_with_valid_chunks(gateway, ups
     assert (r["session"], r["session_source"]) == (cap["body"]["metadata"]["sessionId"],
                                                    "harness:metadata.sessionId")
     assert_tokens_match(r, upstream)
+
+
+def test_3_1_prompt_ids_stay_the_backends_bytes_and_the_state_counts_the_path(gateway, upstream):
+    before = gateway.admin_state()["prompt_ids"]
+    upstream.script(Reply(text="one"), Reply(text="two"))
+    client = sdk(gateway)
+    client.chat.completions.create(model="gpt-4o", messages=user("hi"))
+    list(client.chat.completions.create(model="gpt-4o", messages=user("again"), stream=True))
+    records = gateway.records()
+    assert len(records) == 2
+    for r, truth in zip(records, upstream.responses[-2:]):
+        # vLLM's compact array, stored as its ASCII digits (an ExtType), reading back as the same ids
+        assert isinstance(r["prompt_token_ids"], msgpack.ExtType) and r["prompt_token_ids"].code == rec.ASCII_IDS
+        assert r["prompt_token_ids"].data == ",".join(map(str, truth.prompt_token_ids)).encode()
+        assert rec.unpack_ids(r["prompt_token_ids"]) == truth.prompt_token_ids
+        assert r["usage"]["prompt_tokens"] == len(truth.prompt_token_ids)
+    after = gateway.admin_state()["prompt_ids"]
+    assert (after["fast"] - before["fast"], after["parsed"] - before["parsed"]) == (2, 0)

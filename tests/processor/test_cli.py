@@ -235,3 +235,29 @@ def test_4_2_incremental_must_keep_the_session_prefix(dump, capsys):
     capsys.readouterr()
     assert run(tmp, "--incremental", "--session-prefix", "s2") == 2
     assert "--session-prefix ['s1'] → ['s2']" in capsys.readouterr().err
+
+
+def _ascii(r: dict) -> dict:
+    """The record as a v3 gateway writes it on the fast path: the prompt as the backend's ASCII digits."""
+    p = r.get("prompt_token_ids")
+    if isinstance(p, bytes):
+        r = dict(r, prompt_token_ids=rec.ascii_ids(",".join(map(str, rec.unpack_ids(p))).encode()))
+    return r
+
+
+def test_1_6_ascii_prompts_give_the_same_outputs_as_int32_prompts(dump):
+    tmp_path, recs = dump
+    assert run(tmp_path) == 0
+    write_flows(str(tmp_path / "flows-ascii"), [_ascii(r) for r in recs], per_file=6)
+    assert main([str(tmp_path / "flows-ascii"), "-o", str(tmp_path / "out-ascii"), "-q"]) == 0
+    def parquet(d):
+        return sorted(os.path.relpath(os.path.join(r, f), d) for r, _, fs in os.walk(d) for f in fs
+                      if f.endswith(".parquet") and not r.startswith(str(d / "state")))  # state: file offsets
+    files = parquet(tmp_path / "out")
+    assert "calls.parquet" in files and any(f.startswith("batches") for f in files)
+    assert files == parquet(tmp_path / "out-ascii")
+    for name in files:
+        a, b = (pl.read_parquet(tmp_path / d / name) for d in ("out", "out-ascii"))
+        where = [c for c in a.columns if c in ("source_file", "source_offset")]  # the dumps' own file names and sizes
+        assert a.drop(where).equals(b.drop(where)), name
+    assert (tmp_path / "out" / "sft.jsonl").read_bytes() == (tmp_path / "out-ascii" / "sft.jsonl").read_bytes()

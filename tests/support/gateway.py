@@ -89,6 +89,14 @@ class GatewayHandle:
     def records(self) -> list[dict]:
         return [r for r in self.all_records() if r["id"] not in self._seen]
 
+    def admin_state(self) -> dict:
+        """GET /admin/state with the control token (the gateway's counters: served, prompt_ids, ...)."""
+        with open(self.state["control_token"]) as fh:
+            token = fh.read().strip()
+        with httpx.Client(trust_env=False, timeout=10) as client:
+            return client.get(self.state["control_url"] + "/admin/state",
+                              headers={"x-polar-control-token": token}).json()
+
     def log_text(self) -> str:
         with open(self.log, "rb") as fh:
             return fh.read().decode("utf-8", "replace")
