@@ -43,6 +43,7 @@ class Call:
     protocol: str | None
     n_tools: int = 0  # tools the upstream request offered (rule 9's first tie-break)
     weight_version: str | None = None  # the policy version that served the call (record field, docs/records.md)
+    prompt_ascii: bool = False  # the record's prompt was ASCII ids (the gateway's fast path)
 
     @property
     def eligible(self) -> bool:
@@ -190,5 +191,5 @@ def to_call(r: dict, source_file: str, source_offset: int) -> Call:
         prompt=prompt, completion=completion, logprobs=logprobs, prompt_bytes=prompt_b,
         constrained=row["constrained"], row=row, messages_json=messages_json, tools_json=tools_json,
         assistant=assistant, protocol=row["protocol"], n_tools=len(tools) if isinstance(tools, list) else 0,
-        weight_version=row["weight_version"],
+        weight_version=row["weight_version"], prompt_ascii=isinstance(prompt_v, msgpack.ExtType),
     )

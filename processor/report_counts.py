@@ -37,6 +37,7 @@ class ReportPartial:
     tokens_trainable: int = 0
     per_request_total: int = 0
     record_tokens: int = 0  # Σ prompt + completion over every record: the throughput measure
+    calls_prompt_ascii: int = 0  # calls whose prompt ids came as ASCII ids (the gateway's fast path)
     breaks: list[Note] = field(default_factory=list)
     flag_notes: list[Note] = field(default_factory=list)
     flags: Counter = field(default_factory=Counter)
@@ -67,6 +68,7 @@ class ReportPartial:
             p = len(c.prompt) if c.prompt is not None else 0
             q = len(c.completion) if c.completion is not None else 0
             self.record_tokens += p + q
+            self.calls_prompt_ascii += c.prompt_ascii
             if c.eligible:
                 self.per_request_total += p + q
             else:
@@ -112,6 +114,7 @@ class ReportPartial:
         self.tokens_trainable += other.tokens_trainable
         self.per_request_total += other.per_request_total
         self.record_tokens += other.record_tokens
+        self.calls_prompt_ascii += other.calls_prompt_ascii
         self.breaks.extend(other.breaks)
         self.flag_notes.extend(other.flag_notes)
         self.flags.update(other.flags)
@@ -130,6 +133,7 @@ class ReportPartial:
             "sequences": self.sequences, "calls_in_sequences": self.calls_in_sequences,
             "tokens_total": self.tokens_total, "tokens_trainable": self.tokens_trainable,
             "per_request_total": self.per_request_total, "record_tokens": self.record_tokens,
+            "calls_prompt_ascii": self.calls_prompt_ascii,
             "breaks": [_note_json(n) for n in self.breaks], "flag_notes": [_note_json(n) for n in self.flag_notes],
             "flags": dict(self.flags), "break_causes": dict(self.break_causes),
             "per_protocol": {k: dict(row) for k, row in self.per_protocol.items()},
@@ -147,6 +151,7 @@ class ReportPartial:
             sequences=doc["sequences"], calls_in_sequences=doc["calls_in_sequences"],
             tokens_total=doc["tokens_total"], tokens_trainable=doc["tokens_trainable"],
             per_request_total=doc["per_request_total"], record_tokens=doc["record_tokens"],
+            calls_prompt_ascii=doc.get("calls_prompt_ascii", 0),  # state written before the field: none counted
             breaks=[Note(*x) for x in doc["breaks"]], flag_notes=[Note(*x) for x in doc["flag_notes"]],
             flags=Counter(doc["flags"]), break_causes=Counter(doc["break_causes"]),
             per_protocol={k: dict(row) for k, row in doc["per_protocol"].items()},
@@ -194,6 +199,7 @@ class ReportBuilder:
             counts=Counts(calls=t.calls, calls_without_completion=t.calls_without_completion, sessions=t.sessions,
                           sessions_null=t.calls_null_session, chains=t.chains, sequences=t.sequences,
                           excluded_from_batches=self.excluded_from_batches,
+                          calls_prompt_ascii=t.calls_prompt_ascii,
                           sessions_other_prefix=other_prefix[0] if other_prefix else None,
                           calls_other_prefix=other_prefix[1] if other_prefix else None),
             merge_ratio=t.calls_in_sequences / t.sequences if t.sequences else None,

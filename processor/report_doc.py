@@ -96,7 +96,9 @@ class Inputs(_Record):
 
 @dataclass(frozen=True)
 class Counts(_Record):
-    """`sessions_null`: calls without a session. The two `*_other_prefix` counts only under --session-prefix."""
+    """`sessions_null`: calls without a session. The two `*_other_prefix` counts only under --session-prefix.
+    `calls_prompt_ascii`: calls whose prompt ids the gateway kept as the backend's ASCII digits (its fast path; the
+    rest were parsed, or written before record v3)."""
 
     calls: int
     calls_without_completion: int
@@ -105,6 +107,7 @@ class Counts(_Record):
     chains: int
     sequences: int
     excluded_from_batches: int
+    calls_prompt_ascii: int = 0
     sessions_other_prefix: int | None = None
     calls_other_prefix: int | None = None
 

@@ -261,3 +261,7 @@ def test_1_6_ascii_prompts_give_the_same_outputs_as_int32_prompts(dump):
         where = [c for c in a.columns if c in ("source_file", "source_offset")]  # the dumps' own file names and sizes
         assert a.drop(where).equals(b.drop(where)), name
     assert (tmp_path / "out" / "sft.jsonl").read_bytes() == (tmp_path / "out-ascii" / "sft.jsonl").read_bytes()
+    # the report counts the fast path's calls
+    counts = [json.loads((tmp_path / d / "report.json").read_text())["counts"] for d in ("out", "out-ascii")]
+    with_prompt = sum(isinstance(r.get("prompt_token_ids"), bytes) for r in recs)
+    assert with_prompt > 0 and (counts[0]["calls_prompt_ascii"], counts[1]["calls_prompt_ascii"]) == (0, with_prompt)
