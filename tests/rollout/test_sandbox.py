@@ -602,6 +602,20 @@ def _alive(pid: int) -> bool:
     return sb._start_ticks(pid) is not None  # a zombie is gone
 
 
+def _wrapper_running(control: Path) -> bool:
+    """A live (not zombie) process whose argv names the control directory's relay.py: the sandbox's wrapper."""
+    needle = f"{control}/relay.py".encode()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                    if needle in fh.read().split(b"\0"):
+                        return True
+            except OSError:
+                pass
+    return False
+
+
 def _wait(predicate, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -628,6 +642,8 @@ def test_none_sandbox_ends_the_agents_whole_tree_when_its_runner_is_killed_with_
         gone = _wait(lambda: not any(_alive(p) for p in pids), 30)
         assert gone, [p for p in pids if _alive(p)]  # the agent, its child, and the one in its own session
         [control] = [d for d in Path(tmp).iterdir() if d.name.startswith(sb.CONTROL_PREFIX)]
+        # the wrapper ends itself after killing the tree (relay.die_with): give it the moment that takes
+        assert _wait(lambda: not _wrapper_running(control), 30), "the sandbox wrapper outlived its runner"
         assert (control / sb.OWNER_FILE).is_file()  # left by the dead runner: the next sweep's
         assert sb.sweep_stale_controls([tmp]) == (1, 0) and not control.exists()
     finally:
