@@ -19,7 +19,7 @@ from polar.processor import eot as eotmod
 from polar.processor import rewards as rw
 from polar.processor.load import Index, IndexEntry, RecordSource, build_index
 from polar.processor.merge import FLAGS, GroupResult, TrainingSequence, merge_group
-from polar.processor.normalize import Call, to_call
+from polar.processor.normalize import AsciiPrompts, Call, to_call
 from polar.processor.report_counts import ReportPartial
 from polar.processor.writers import sft_line
 
@@ -58,7 +58,8 @@ def group_products(session: str | None, records: list[tuple[IndexEntry, dict]], 
                    settings: Settings) -> GroupProducts:
     """One session group (or the null group) → its calls rows, sequences with rewards, SFT lines and report share.
     Pure: the unit an engine runs anywhere."""
-    calls = [to_call(r, files[e.file], e.offset) for e, r in records]
+    prompts = AsciiPrompts()
+    calls = [to_call(r, files[e.file], e.offset, prompts) for e, r in records]
     res = merge_group(calls, mode=settings.mode, eot_for=settings.eot.get, on_mismatch=settings.on_mismatch,
                       null_group=session is None)
     for seq in res.sequences:

@@ -8,6 +8,7 @@ in ASCII ids (docs/records.md) is decoded vectorised, once, into int32.
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import msgpack
@@ -78,6 +79,34 @@ def ascii_ids_array(ext: msgpack.ExtType) -> np.ndarray:
 
 
 _I32_MAX = 2**31 - 1
+_COMMA = ord(",")
+
+
+class AsciiPrompts:
+    """Decodes one group's ASCII prompts, each only past the earlier prompt of the group it extends: an agent's
+    prompt N+1 starts with prompt N (and its reply), so decoding every prompt whole would parse the shared prefix
+    once per turn. The newest earlier prompt whose digits are a prefix of this one's at a comma is reused (a
+    memcmp; a prompt that is no prefix differs within its first bytes), and only the rest is parsed."""
+
+    def __init__(self, keep: int = 16):
+        self.seen: deque[tuple[bytes, np.ndarray]] = deque(maxlen=keep)
+
+    def decode(self, ext: msgpack.ExtType) -> np.ndarray:
+        digits = ext.data
+        arr = None
+        if ext.code == rec.ASCII_IDS:
+            for prev, prev_arr in reversed(self.seen):
+                n = len(prev)
+                if 0 < n <= len(digits) and (n == len(digits) or digits[n] == _COMMA) and digits.startswith(prev):
+                    if n == len(digits):
+                        arr = prev_arr
+                    else:
+                        arr = np.concatenate([prev_arr, ascii_ids_array(msgpack.ExtType(ext.code, digits[n + 1:]))])
+                    break
+        if arr is None:
+            arr = ascii_ids_array(ext)
+        self.seen.append((digits, arr))
+        return arr
 
 
 def floats_view(blob: bytes | None) -> np.ndarray | None:
@@ -127,8 +156,9 @@ def _trainer_columns(r: dict, body: dict) -> dict:
     }
 
 
-def to_call(r: dict, source_file: str, source_offset: int) -> Call:
-    """Build a Call from one normalized record. Never raises on odd field values: they become nulls."""
+def to_call(r: dict, source_file: str, source_offset: int, ascii_prompts: AsciiPrompts | None = None) -> Call:
+    """Build a Call from one normalized record. Never raises on odd field values: they become nulls.
+    `ascii_prompts`: the group's decoder of ASCII prompts (decodes only what earlier prompts did not cover)."""
     body: dict = {}
     raw = r.get("upstream_request")
     if isinstance(raw, (bytes, str)) and raw:
@@ -146,7 +176,8 @@ def to_call(r: dict, source_file: str, source_offset: int) -> Call:
     prompt_v = prompt_v if isinstance(prompt_v, (bytes, msgpack.ExtType)) else None
     comp_b = r.get("completion_token_ids") if isinstance(r.get("completion_token_ids"), bytes) else None
     try:
-        prompt = ids_view(prompt_v)
+        prompt = (ascii_prompts.decode(prompt_v) if ascii_prompts is not None and isinstance(prompt_v, msgpack.ExtType)
+                  else ids_view(prompt_v))
         completion = ids_view(comp_b)
     except ValueError as exc:
         raise InputError(f"{source_file} offset {source_offset}: {exc}") from exc

@@ -2,11 +2,14 @@
 
 import json
 
+import numpy as np
 import orjson
 import pytest
+from hypothesis import given, settings, strategies as st
 
+from polar import records as rec
 from polar.processor.load import InputError
-from polar.processor.normalize import to_call
+from polar.processor.normalize import AsciiPrompts, to_call
 from tests.processor.calls import record
 
 pytestmark = pytest.mark.unit
@@ -53,3 +56,21 @@ def test_1_5_constrained_is_the_records_field_else_the_gateways_rule(written, bo
     r = record([1], [3, 2], body=orjson.dumps(body))
     r["constrained"] = written
     assert to_call(r, "f", 0).constrained is expect
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(min_value=0, max_value=2**31 - 1), max_size=12), min_size=1, max_size=8),
+       st.lists(st.integers(min_value=0, max_value=7), max_size=8))
+def test_2_1_ascii_prompts_decoded_past_an_earlier_prompt_equal_whole_decoding(pieces, order):
+    """Prompts that extend earlier ones (agent turns), interleaved with unrelated ones, in any order; and the case
+    where one prompt's digits are a prefix of another's but not at a comma (1,2 then 1,23)."""
+    prompts = [sum(pieces[: k + 1], []) for k in range(len(pieces))]
+    prompts += [prompts[i % len(prompts)] for i in order]  # repeats and going back
+    prompts += [[1, 2], [1, 23], [12], [], [1, 2, 3]]
+    decoder = AsciiPrompts(keep=4)
+    for p in prompts:
+        ext = rec.ascii_ids(",".join(map(str, p)).encode())
+        got = decoder.decode(ext)
+        assert got.dtype == np.dtype("<i4") and got.tolist() == p
+    with pytest.raises(ValueError):
+        decoder.decode(rec.ascii_ids(b"1,2,3,,4"))  # a malformed tail after a known prefix is still refused
