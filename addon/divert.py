@@ -84,7 +84,7 @@ class Divert(GatewayAddon):
         if not isinstance(c.layers[0], modes.HttpProxy) or c.client.transport_protocol != "tcp" \
                 or not c.client.sockname:
             return
-        if not base_url.ORIGIN_FORM.match(nextlayer.data_client()[:9]) \
+        if c.client.id not in g.origin_form_conns \
                 or not base_url.enabled(g.options.base_url, base_url.listen_host()):
             return  # the HTTP path: a refusal that says why comes from Reroute
         c.server = connection.Server(address=(ENDPOINT_HOST, g.endpoint.port))

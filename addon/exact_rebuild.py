@@ -45,8 +45,8 @@ def cacheable(record: dict) -> dict | None:
     if not may_be_cached(record):
         return None
     ids = (record.get("prompt_token_ids"), record.get("completion_token_ids"), record.get("upstream_request"))
-    prompt_ok = isinstance(ids[0], bytes) or (isinstance(ids[0], msgpack.ExtType) and ids[0].code == rec.ASCII_IDS)
-    if not (prompt_ok and all(isinstance(x, bytes) for x in ids[1:])) or not isinstance(record.get("assistant"), dict):
+    if not (rec.is_ids(ids[0]) and all(isinstance(x, bytes) for x in ids[1:])) \
+            or not isinstance(record.get("assistant"), dict):
         return None
     return {name: record.get(name) for name in _TURN_FIELDS}
 

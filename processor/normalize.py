@@ -20,6 +20,7 @@ from polar.processor.load import InputError
 
 _I32 = np.dtype("<i4")
 _F32 = np.dtype("<f4")
+_I32_MAX = 2**31 - 1
 
 
 @dataclass(slots=True)
@@ -78,7 +79,6 @@ def ascii_ids_array(ext: msgpack.ExtType) -> np.ndarray:
     return wide.astype(_I32)
 
 
-_I32_MAX = 2**31 - 1
 _COMMA = ord(",")
 
 

@@ -21,6 +21,6 @@ from .flowdir import (  # noqa: F401
 from .inspect import main  # noqa: F401
 from .schema import (  # noqa: F401
     ASCII_ID_FIELDS, ASCII_IDS, ERROR_STAGES, FIELDS, PROTOCOLS, REDACTED, SECRET_HEADERS, VERSION, SchemaError,
-    ascii_ids, id_count, ids_blob, is_ascii_ids, is_constrained, new_record, normalize, pack, pack_floats, pack_ids,
+    ascii_ids, id_count, ids_blob, is_ascii_ids, is_ids, is_constrained, new_record, normalize, pack, pack_floats, pack_ids,
     redact_headers, token_ids, unpack_floats, unpack_ids, uuid7, validate, version_problem,
 )

@@ -334,7 +334,7 @@ class PromptResolver:
             cut = ref.get("len")
             try:
                 tail = schema.ids_blob(record.get("prompt_tail_ids"))
-                head = schema.ids_blob(parent[0]) + parent[1] if parent is not None else None
+                head = self._decoded(str(ref.get("id")), parent) + parent[1] if parent is not None else None
             except ValueError:
                 tail = head = None  # undecodable ids: unresolved, never guessed
             if head is not None and isinstance(cut, int) and isinstance(tail, bytes) and 0 <= cut <= len(head) // 4:
@@ -344,10 +344,19 @@ class PromptResolver:
         self.remember(record)
         return record
 
+    def _decoded(self, rid: str, parent: tuple) -> bytes:
+        """The parent's prompt as int32 bytes, decoded once and kept so (its other children need it too)."""
+        prompt = parent[0]
+        if isinstance(prompt, msgpack.ExtType):
+            prompt = schema.ids_blob(prompt)
+            self._bytes += len(prompt) - _size(parent[0])
+            self._seen[rid] = (prompt, parent[1])
+        return prompt
+
     def remember(self, record: dict) -> None:
         prompt, completion = record.get("prompt_token_ids"), record.get("completion_token_ids")
         rid = record.get("id")
-        if not isinstance(prompt, (bytes, msgpack.ExtType)) or not isinstance(rid, str):
+        if not schema.is_ids(prompt) or not isinstance(rid, str):
             return
         completion = completion if isinstance(completion, bytes) else b""
         old = self._seen.pop(rid, None)

@@ -135,7 +135,7 @@ def ascii_ids(digits: bytes) -> msgpack.ExtType:
     return msgpack.ExtType(ASCII_IDS, bytes(digits))
 
 
-_NOT_DIGITS = b"0123456789,"
+_ID_CHARS = b"0123456789,"
 
 
 def is_ascii_ids(digits: bytes) -> bool:
@@ -144,7 +144,7 @@ def is_ascii_ids(digits: bytes) -> bool:
     refused where the digits are decoded: never read as a wrong id.)"""
     if not digits:
         return True
-    return not (digits.translate(None, _NOT_DIGITS) or digits[:1] == b"," or digits[-1:] == b","
+    return not (digits.translate(None, _ID_CHARS) or digits[:1] == b"," or digits[-1:] == b","
                 or b",," in digits)
 
 
@@ -171,6 +171,12 @@ def ids_blob(value: bytes | msgpack.ExtType | None) -> bytes | None:
             arr.byteswap()
         return arr.tobytes()
     raise ValueError(f"not a token-id field: {type(value).__name__}")
+
+
+def is_ids(value) -> bool:
+    """Whether a record field holds token ids in either encoding (int32 bytes, or an ASCII_IDS ext): what a reader
+    checks before it counts or decodes them."""
+    return isinstance(value, (bytes, bytearray)) or (isinstance(value, msgpack.ExtType) and value.code == ASCII_IDS)
 
 
 def id_count(value: bytes | msgpack.ExtType | None) -> int | None:
@@ -245,7 +251,8 @@ def new_record(**values) -> dict:
 def validate(record: dict) -> None:
     """The invariants a writer keeps; ValueError names the first one broken: only known fields; token arrays are
     int32/float32 blobs; one logprob per sampled token (`completion_logprobs` is nil or exactly as long as
-    `completion_token_ids`); the prompt fields may be ASCII ids instead; an error's stage is one of ERROR_STAGES; `weight_version` is a string or nil."""
+    `completion_token_ids`); the prompt fields may be ASCII ids instead; an error's stage is one of ERROR_STAGES;
+    `weight_version` is a string or nil."""
     unknown = set(record) - set(FIELDS)
     if unknown:
         raise ValueError(f"not record fields: {sorted(unknown)}")

@@ -14,8 +14,6 @@ import time
 from pathlib import Path
 from urllib.parse import quote
 
-import msgpack
-
 from polar import records as rec
 from polar.rollout import agents as agentlib
 from polar.rollout.common import CANCEL, PREFLIGHT, UsageError, now, tail
@@ -58,8 +56,7 @@ def canary_call(p: Proxy, session: str) -> None:
     ids = rec.token_ids(r, "completion_token_ids")
     lps = rec.unpack_floats(r.get("completion_logprobs"))
     prompt = r.get("prompt_token_ids") or r.get("prompt_tail_ids")
-    prompt_n = rec.id_count(prompt) if isinstance(prompt, (bytes, msgpack.ExtType)) else None  # either encoding
-    if not ids or prompt_n is None:
+    if not ids or not rec.is_ids(prompt):  # either encoding
         raise UsageError(f"preflight: the backend at {p.info.get('upstream')} returned no token ids (canary "
                          f"record {r.get('id')}); RL needs them: use vLLM ≥ 0.10 or SGLang, and check "
                          f"polar_backend")
