@@ -74,11 +74,12 @@ def _argv(port: int, sets: list[str], sentinel: Sentinel, flows: str) -> list[st
 
 
 def _observe(port: int, sentinel: Sentinel, exited) -> tuple[dict | None, tuple | None]:
-    """Wait until the proxy exits or our addon answers (at most 20 s), then, if it is still up, send an agent's
+    """Wait until the proxy exits or our addon answers ready or failing closed (at most 20 s), then, if it is still up, send an agent's
     request with its key to the stand-in provider through it."""
     info = None
     deadline = time.time() + 20
-    while not exited() and info is None and time.time() < deadline:
+    # "ready: false" without an error is the endpoint still starting (a slow machine shows it): wait on
+    while not exited() and time.time() < deadline and (info is None or not (info.get("ready") or info.get("error"))):
         info = probe_ready(port)
         time.sleep(0.05)
     if exited():
