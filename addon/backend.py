@@ -4,6 +4,7 @@ version a vLLM dev-mode server reports (`GET /weight_info`)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Callable
 
@@ -91,13 +92,34 @@ class Backend:
             kind = "sglang" if (entry or {}).get("owned_by") == "sglang" else "vllm"
         version_doc = await self._get_json(f"{self.root_url}/version")
         version = (version_doc or {}).get("version")
-        info = BackendInfo(kind=kind, version=version, model=model, max_model_len=max_len)
+        info = BackendInfo(kind=kind, version=version, model=model, max_model_len=max_len,
+                           template_hash=await self.template_hash(model))
         weight_version = await self.weight_info() if kind == "vllm" else None
         log.info("polar backend: %s %s model=%s max_model_len=%s weight_version=%s", kind, version, model, max_len,
                  weight_version)
         if self.on_weight_version is not None:
             self.on_weight_version(weight_version)
         return info
+
+    async def template_hash(self, model: str) -> str | None:
+        """16 hex digits of sha256 over the backend's own ids for TEMPLATE_PROBE_CHAT (its chat template, generation
+        prompt included) and TEMPLATE_PROBE_TEXT (its tokenizer, special tokens off): equal on two replicas only when
+        they would render every prompt alike. A backend whose /tokenize takes no messages (SGLang) is hashed on the
+        text alone ("text:" marks it); None when there is no /tokenize at all. Never raises."""
+        async def ids(body: dict) -> list[int] | None:
+            try:
+                doc = await self._tokenize(body)
+            except (GatewayError, httpx.HTTPError, ValueError):
+                return None
+            tokens = doc.get("tokens") if isinstance(doc, dict) else None
+            return tokens if isinstance(tokens, list) else None
+
+        chat, text = await asyncio.gather(ids(tokenize_request(model, chat=TEMPLATE_PROBE_CHAT)),
+                                          ids(tokenize_request(model, text=TEMPLATE_PROBE_TEXT)))
+        if text is None:
+            return None
+        digest = hashlib.sha256(orjson.dumps([chat, text])).hexdigest()[:16]
+        return digest if chat is not None else f"text:{digest}"
 
     async def weight_info(self) -> str | None:
         """The weight version vLLM serves (`GET /weight_info`, mounted only with VLLM_SERVER_DEV_MODE=1); None when
@@ -134,6 +156,23 @@ class Backend:
     async def tokens(self, text: str, model: str) -> list[int]:
         """Plain text's ids, without special tokens."""
         return list((await self._tokenize(tokenize_request(model, text=text)))["tokens"])
+
+
+# What `template_hash` renders: every role, a tool call and its result, non-ASCII text.
+TEMPLATE_PROBE_CHAT = {
+    "messages": [
+        {"role": "system", "content": "You are the Polar template probe."},
+        {"role": "user", "content": "List the files, then say done."},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_probe", "type": "function", "function": {"name": "ls", "arguments": "{\"path\": \".\"}"}}]},
+        {"role": "tool", "tool_call_id": "call_probe", "content": "a.py\nb.py"},
+        {"role": "assistant", "content": "done"},
+        {"role": "user", "content": "Merci — 谢谢 🙂"},
+    ],
+    "tools": [{"type": "function", "function": {"name": "ls", "description": "List a directory.", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}],
+}
+TEMPLATE_PROBE_TEXT = "Polar tokenizer probe: naïve café, 東京, 🙂, 0123456789, <tag>\tx = y**2;\n"
 
 
 def tokenize_request(model: str, *, chat: dict | None = None, text: str | None = None,

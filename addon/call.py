@@ -2,13 +2,18 @@
 shape → stream → finish.
 
 - admit: the body fits `polar_max_body_mb`, decodes, is a JSON object; disk space for its record; the backend known.
-- translate: the session, then the codec's `to_chat` (the agent's request as an OpenAI chat plan).
+- translate: the session, then the codec's `to_chat` (the agent's request as an OpenAI chat plan); then the replica
+  that serves the call (`pool.Pool.choose`: the session's own under the sticky policy).
 - shape: `shaping.shape` writes the upstream body (exact mode hands it spliced prompt ids; `/tokenize` is asked
   only when max_tokens could overflow the context).
 - stream: waits while the control endpoints hold generation (a weight reload), stamps the policy version current
   at the send (`weight_version`), then the backend's SSE read chunk by chunk (`stream_reader`), translated by the
   codec's Encoder as it arrives.
 - finish: one ending for both response shapes (streamed events or one JSON body), one mid-stream error path.
+
+A call that fails before its first byte (the replica refuses the connection, breaks it, or is ejected meanwhile) is
+tried once more on the next replica of the pool: one record, `replicas_tried` naming both. After the first byte the
+agent gets the protocol's retryable error.
 
 The record belongs to the `Recorder`; every ending seals it before the agent's last bytes, and every generation
 request that fails still writes one, with `error` set. The codec is used only through `codecs.base.Codec`.
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -31,6 +37,8 @@ from polar.records import FlowWriter, LowDiskSpace
 
 from . import sessions
 from .backend import Backend, BackendTimeout
+from .http_client import Cut
+from .pool import Pool, Replica
 from .codecs import ROUTERS, find_route
 from .codecs.base import ChatPlan, EncodeContext, GatewayError
 from .endpoint import ClientGone, Responder
@@ -92,7 +100,7 @@ def _json_headers(codec) -> list[tuple[str, str]]:
     return [("content-type", codec.JSON_CONTENT_TYPE)]
 
 
-async def handle_call(p: PendingCall, responder: Responder, settings: CallSettings, backend: Backend,
+async def handle_call(p: PendingCall, responder: Responder, settings: CallSettings, pool: Pool,
                       writer: FlowWriter) -> None:
     found = find_route(p.method, p.host, p.path, p.headers)
     if found is None:
@@ -107,7 +115,7 @@ async def handle_call(p: PendingCall, responder: Responder, settings: CallSettin
         status, body = codec.error_response(err)
         await responder.respond(status, _json_headers(codec), body)
         return
-    await Call(p, responder, settings, backend, writer, codec, route).run()
+    await Call(p, responder, settings, pool, writer, codec, route).run()
 
 
 class Answered(Exception):
@@ -119,9 +127,12 @@ class Answered(Exception):
 
 
 class Call:
-    def __init__(self, p: PendingCall, responder: Responder, settings: CallSettings, backend: Backend,
+    def __init__(self, p: PendingCall, responder: Responder, settings: CallSettings, pool: Pool,
                  writer: FlowWriter, codec, route):
-        self.p, self.responder, self.settings, self.backend = p, responder, settings, backend
+        self.p, self.responder, self.settings, self.pool = p, responder, settings, pool
+        self.replica: Replica | None = None  # the serving replica (`_pick`), counted in its in_flight until the end
+        self.backend: Backend | None = None  # its client
+        self.tried: list[Replica] = []
         self.codec, self.route = codec, route
         self.rec = Recorder(writer, settings.exact, id=p.record_id, session_source="none", conn_id=p.conn_id,
                             connect=p.connect, protocol=codec.PROTOCOL, host=p.host, path=p.path, stream=bool(route.stream),
@@ -146,6 +157,8 @@ class Call:
             self.rec.error("record" if self.rec.sealed else "backend_stream", err, None)
             status = await self._end_in_error(err)
         finally:
+            if self.replica is not None:
+                self.replica.in_flight -= 1
             if self.rec.record["provider_status"] is None:
                 self.rec.set(provider_status=status or self.responder.status)
             if self.route.kind == "generate":
@@ -154,6 +167,7 @@ class Call:
     async def _sequence(self) -> int:
         body = await self._admit_request()
         plan = await self._translate(body)
+        await self._pick()
         if self.route.kind == "count_tokens":
             return await self._count_tokens(plan)
         info = await self._admit_generation()
@@ -188,14 +202,60 @@ class Call:
             status, body = self.codec.error_response(GatewayError("unavailable", f"{exc}; retry later"))
             await self.responder.respond(status, _json_headers(self.codec), body)
             raise Answered(status) from None
-        try:
-            info = await self.backend.info()
-        except GatewayError as err:
-            self.backend.forget()
-            await self._refuse("backend_timeout" if isinstance(err, BackendTimeout) else "backend_connect", err)
+        while True:
+            try:
+                info = await self.backend.info()
+                break
+            except GatewayError as err:
+                self.backend.forget()
+                if not await self._next_replica(err.message):
+                    await self._refuse("backend_timeout" if isinstance(err, BackendTimeout) else "backend_connect",
+                                       err)
         self.rec.set(model_served=info.model, backend={"kind": info.kind, "version": info.version,
-                                                        "system_fingerprint": None})
+                                                        "system_fingerprint": None},
+                     template_hash=info.template_hash)
         return info
+
+    # ---------------------------------------------------------------------------------------------- the replica
+
+    async def _pick(self) -> None:
+        """The replica for this call (the pool checked once before its first call); a pool with every replica
+        ejected answers the protocol's retryable error."""
+        pool = self.pool
+        await pool.ready()
+        replica = pool.choose(self.rec.record.get("session"))
+        if replica is None:
+            await self._refuse("backend_connect", GatewayError("unavailable", _none_left(pool)))
+        self._take(replica)
+
+    def _take(self, replica: Replica) -> None:
+        if self.replica is not None:
+            self.replica.in_flight -= 1
+        self.replica, self.backend = replica, replica.backend
+        replica.in_flight += 1
+        replica.served += 1
+        self.tried.append(replica)
+        self.rec.set(replica=replica.url)
+        if len(self.tried) > 1:
+            self.rec.set(replicas_tried=[r.url for r in self.tried])
+
+    async def _next_replica(self, reason: str, eject: bool = True) -> bool:
+        """After a failure before the first byte: eject the replica (it refused or broke the connection) and move the
+        call to the next one, once. False when the call stays where it is (no retry left, no replica left)."""
+        if len(self.pool.replicas) < 2:
+            return False
+        if eject:
+            self.pool.eject(self.replica, reason)
+        if len(self.tried) > 1:
+            return False
+        nxt = self.pool.choose(self.rec.record.get("session"), exclude=self.tried)
+        if nxt is None:
+            return False
+        log.warning("polar: call %s retried on %s after %s failed: %s", self.p.record_id, nxt.url, self.replica.url,
+                    reason)
+        self.pool.retries += 1
+        self._take(nxt)
+        return True
 
     # ---------------------------------------------------------------------------------------------- translate
 
@@ -287,19 +347,39 @@ class Call:
             return await self._send(info, shaped)
 
     async def _send(self, info: BackendInfo, shaped: Shaped) -> int:
+        while True:
+            try:
+                return await self._send_once(info, shaped)
+            except _BeforeFirstByte as failure:
+                if not await self._next_replica(failure.message, eject=failure.eject):
+                    return await self._backend_failure(failure.stage, failure.message)
+
+    async def _send_once(self, info: BackendInfo, shaped: Shaped) -> int:
         reader = StreamReader(keep_logprob_entries=self.plan.agent_top_logprobs is not None,
                               forced_tool_choice=shaped.body.get("tool_choice"),
                               call_id_prefix=f"call_{self.p.record_id.replace('-', '')[-12:]}",
                               deltas=self.plan.stream)  # a JSON answer is built from the totals alone
         self.rec.take_stream(reader)
-        client = self.backend.stream_client or self.backend.client
+        client = self.backend.stream_client
+        # The pool cuts this connection when it ejects the replica (the lean client only: an https backend's httpx
+        # connection runs on to its timeouts).
+        cut = None
+        if client is None:
+            client = self.backend.client
+            send = client.send
+        elif len(self.pool.replicas) > 1:
+            cut = Cut()
+            self.replica.cuts.add(cut)
+            send = functools.partial(client.send, cut=cut)
+        else:
+            send = client.send
         # polar_first_byte_timeout bounds everything up to the first chunk, response headers included (a backend
         # that never sends its status line must not hold the call forever: the client's read timeout is off).
         deadline = time.monotonic() + self.settings.first_byte_timeout
         try:
             request = client.build_request("POST", f"{self.backend.base_url}/chat/completions",
                                            content=self.rec.record["upstream_request"], headers=shaped.headers)
-            resp = await asyncio.wait_for(client.send(request, stream=True), self.settings.first_byte_timeout)
+            resp = await asyncio.wait_for(send(request, stream=True), self.settings.first_byte_timeout)
             try:
                 if resp.status_code != 200:
                     body = await asyncio.wait_for(resp.aread(), max(deadline - time.monotonic(), 0.001))
@@ -310,16 +390,27 @@ class Call:
                 await resp.aclose()
         except httpx.ConnectTimeout as exc:
             self.backend.forget()
-            return await self._backend_failure("backend_timeout", f"backend connect timeout: {exc!r}")
+            return await self._failed(reader, "backend_timeout", f"backend connect timeout: {exc!r}", eject=True)
         except (httpx.ConnectError, httpx.UnsupportedProtocol) as exc:
             self.backend.forget()
-            return await self._backend_failure("backend_connect", f"backend unreachable: {exc!r}")
+            return await self._failed(reader, "backend_connect", f"backend unreachable: {exc!r}", eject=True)
         except (asyncio.TimeoutError, httpx.TimeoutException) as exc:
-            return await self._backend_failure("backend_timeout", f"backend timed out: {exc!r}")
+            return await self._failed(reader, "backend_timeout", f"backend timed out: {exc!r}", eject=False)
         except httpx.HTTPError as exc:
-            return await self._backend_failure("backend_stream", f"backend stream broke: {exc!r}")
+            # a broken exchange is retried elsewhere but ejects nothing: the probe judges the replica
+            return await self._failed(reader, "backend_stream", f"backend stream broke: {exc!r}", eject=False)
         except GatewayError as err:
             return await self._backend_failure("backend_stream", err.message)
+        finally:
+            if cut is not None:
+                self.replica.cuts.discard(cut)
+
+    async def _failed(self, reader: StreamReader, stage: str, message: str, eject: bool) -> int:
+        """A backend failure: before any chunk reached the agent it may move the call (`_send`); else it ends it.
+        `eject`: the failure is the replica's (already done when the pool cut the connection itself)."""
+        if self.encoder is None and not self.responder.started and not reader.chunks:
+            raise _BeforeFirstByte(stage, message, eject)
+        return await self._backend_failure(stage, message)
 
     async def _relay(self, chunks, reader: StreamReader, info: BackendInfo, deadline: float) -> int:
         stream = self.plan.stream
@@ -432,6 +523,17 @@ class Call:
         except ClientGone:
             pass
         return self.responder.status
+
+
+class _BeforeFirstByte(Exception):
+    def __init__(self, stage: str, message: str, eject: bool):
+        super().__init__(message)
+        self.stage, self.message, self.eject = stage, message, eject
+
+
+def _none_left(pool: Pool) -> str:
+    reasons = "; ".join(f"{r.url}: {r.reason}" for r in pool.replicas if not r.healthy)
+    return f"no backend replica is serving ({reasons}); retry later"
 
 
 async def _drain(chunks) -> None:

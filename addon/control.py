@@ -89,6 +89,7 @@ class Control:
         # how each call's prompt ids were read from the backend: kept as its ASCII digits ("fast") or parsed whole
         # ("parsed", the fallback: a backend that spaces its arrays, a torn chunk)
         self.prompt_ids = {"fast": 0, "parsed": 0}
+        self.pool = None  # pool.Pool (Backends): its state is shown, and a release has it check every replica again
 
     @property
     def held(self) -> bool:
@@ -111,6 +112,8 @@ class Control:
             self.released_version = True
         was_held = self.held
         self._reopen()
+        if self.pool is not None and len(self.pool.replicas) > 1:
+            asyncio.get_running_loop().create_task(self.pool.after_release())
         if was_held or version is not None:
             log.info("polar control: released, weight_version %s, %d waiting go on", self.weight_version, self.waiting)
 
@@ -156,7 +159,8 @@ class Control:
         return {"held": self.held, "weight_version": self.weight_version, "in_flight": self.in_flight,
                 "waiting": self.waiting, "held_for_s": held_for, "hold_timeout_s": self.hold_timeout,
                 "holds": self.holds, "expired": self.expired, "served": dict(self.served),
-                "prompt_ids": dict(self.prompt_ids)}
+                "prompt_ids": dict(self.prompt_ids),
+                "pool": self.pool.state() if self.pool is not None else None}
 
     def close(self) -> None:
         self._reopen()

@@ -9,7 +9,7 @@ concerns meet in — and defining only the hooks it needs (mitmproxy calls every
   ProxyOptions   mitmproxy's own options as the gateway needs them: lazy connections, no HTTP/2, a private confdir
   Loopback       listen on 127.0.0.1 unless an address was chosen (and rebind the servers mitmdump already started)
   Servers        the endpoint every call is answered on and the control (hold/release) server, on loopback ports
-  Backends       the backend client, replaced when its options change
+  Backends       the replica pool (one backend client per replica), replaced when its options change
   FlowFiles      the flow writer
   TlsFilter      tls_clienthello: decrypt providers only, tunnel everything else raw
   Sessions       http_connect: the proxy credentials name the session; TLS failures per session
@@ -39,12 +39,12 @@ from polar.records import FlowWriter
 from . import base_url
 from . import hosts as hostlist
 from . import pending as pending_calls
-from .backend import Backend
 from .call import CallSettings, PendingCall, handle_call
 from .control import Control, ControlServer
 from .endpoint import Endpoint, Request, Responder
 from .exact import ExactMode
 from .options import GatewayOptions
+from .pool import Pool
 from .provider_errors import unavailable
 
 log = logging.getLogger("polar.gateway")
@@ -67,7 +67,7 @@ class Gateway:
         self.settings: CallSettings | None = None  # Configuration
         self.exact: ExactMode | None = None  # Configuration
         self.writer: FlowWriter | None = None  # FlowFiles
-        self.backend: Backend | None = None  # Backends
+        self.pool: Pool | None = None  # Backends: every replica of polar_upstream
         # Weight publication (docs/architecture.md#the-trainer-side): hold/release state shared by every call, and
         # its loopback server (Configuration's ControlToken, Servers).
         self.control = Control()
@@ -109,12 +109,12 @@ class Gateway:
             return
         flow_id = request.target.rpartition("/")[2]  # a rerouted flow: the call travels as a token
         pending = self.pending.pop(flow_id, None)
-        if pending is None or self.settings is None or self.backend is None or self.writer is None:
+        if pending is None or self.settings is None or self.pool is None or self.writer is None:
             await responder.respond(404, [("content-type", "application/json")],
                                     b'{"error":{"message":"unknown polar call","type":"not_found"}}')
             return
         self.served["base_url" if pending.connect == "base_url" else "rerouted"] += 1
-        await handle_call(pending, responder, self.settings, self.backend, self.writer)
+        await handle_call(pending, responder, self.settings, self.pool, self.writer)
 
     async def _serve_diverted(self, request: Request, responder: Responder) -> None:
         """The agent's own request from a diverted tunnel: the PendingCall the request hook would have built."""
@@ -129,11 +129,11 @@ class Gateway:
             await answer_unavailable(responder, pending.host, pending.path,
                                      f"polar gateway is misconfigured ({self.failure}); see the proxy log")
             return
-        if self.settings is None or self.backend is None or self.writer is None:
+        if self.settings is None or self.pool is None or self.writer is None:
             await answer_unavailable(responder, pending.host, pending.path, "polar gateway is not configured")
             return
         self.served["diverted"] += 1
-        await handle_call(pending, responder, self.settings, self.backend, self.writer)
+        await handle_call(pending, responder, self.settings, self.pool, self.writer)
 
 
     async def _serve_base_url(self, request: Request, responder: Responder) -> None:
@@ -151,12 +151,12 @@ class Gateway:
                           request.target[:200])
             await answer_unavailable(responder, None, request.target, f"gateway error: {exc}")
             return
-        if self.failure is not None or self.settings is None or self.backend is None or self.writer is None:
+        if self.failure is not None or self.settings is None or self.pool is None or self.writer is None:
             await answer_unavailable(responder, pending.host, pending.path,
                                      f"polar gateway is not serving ({self.failure or 'not configured'})")
             return
         self.served["base_url"] += 1
-        await handle_call(pending, responder, self.settings, self.backend, self.writer)
+        await handle_call(pending, responder, self.settings, self.pool, self.writer)
 
 
 class GatewayAddon:

@@ -60,7 +60,8 @@ class StreamClient:
         except OSError as exc:
             raise httpx.ConnectError(f"{exc}") from exc
 
-    async def send(self, request: tuple, stream: bool = True) -> "_StreamResponse":
+    async def send(self, request: tuple, stream: bool = True, cut: "Cut | None" = None) -> "_StreamResponse":
+        """`cut`: the call's handle on the connection (the pool cuts it when the replica is ejected)."""
         import httpx
 
         _method, _target, data = request
@@ -69,12 +70,18 @@ class StreamClient:
             if reader.at_eof() or writer.is_closing() or reader._buffer:  # closed or garbage while idle: not reusable
                 writer.close()
                 continue
+            if cut is not None:
+                cut.attach(writer)
             try:
                 return await self._exchange(reader, writer, data)
             except _Stale:
                 writer.close()  # the backend closed the idle connection first: retry once on a new one
+                if cut is not None and cut.fired:
+                    raise httpx.ReadError("backend connection cut: the replica was ejected") from None
                 break
         reader, writer = await self._open()
+        if cut is not None:
+            cut.attach(writer)
         try:
             return await self._exchange(reader, writer, data)
         except _Stale as exc:
@@ -142,6 +149,27 @@ class StreamClient:
     async def aclose(self) -> None:
         while self._idle:
             self._idle.pop()[1].close()
+
+
+class Cut:
+    """One call's backend connection, cut from outside: the transport aborted, so whatever the call awaits on it (the
+    response head, the next chunk) ends in a connection error now rather than at a timeout."""
+
+    __slots__ = ("writer", "fired")
+
+    def __init__(self) -> None:
+        self.writer = None
+        self.fired = False
+
+    def attach(self, writer) -> None:
+        self.writer = writer
+        if self.fired:
+            writer.transport.abort()
+
+    def __call__(self) -> None:
+        self.fired = True
+        if self.writer is not None:
+            self.writer.transport.abort()
 
 
 class _Stale(Exception):

@@ -59,7 +59,7 @@ class Option:
 
 @dataclass(frozen=True)
 class GatewayOptions:
-    upstream: str
+    upstream: str  # as given (one URL, a comma-separated list, or @FILE)
     flows: str
     model: str | None
     hosts: frozenset[tuple[str, int]]
@@ -81,12 +81,22 @@ class GatewayOptions:
     base_url: str = "auto"
     control_token: str | None = None  # None: <confdir>/control-token
     hold_timeout: float = 120.0
+    upstreams: tuple[str, ...] = ()  # the replicas' base URLs, parsed (empty: `upstream` is the one)
+    upstream_file: str | None = None  # @FILE: its absolute path (the pool re-reads it on change)
+    replica_policy: str = "sticky"
+    replica_max_inflight: int = 0  # 0: no limit
+
+    @property
+    def replicas(self) -> tuple[str, ...]:
+        return self.upstreams or (self.upstream,)
 
 
 # Numbers are str options: mitmproxy's --set cannot parse float options (NotImplementedError at startup).
 OPTIONS: tuple[Option, ...] = (
     Option("polar_upstream", str, "http://127.0.0.1:8000/v1",
-           "OpenAI-compatible backend base URL ending in /v1 (vLLM or SGLang).", "an http(s) URL ending in /v1"),
+           "OpenAI-compatible backend base URL ending in /v1 (vLLM or SGLang); several replicas: comma-separated, or "
+           "@FILE (one URL per line, re-read when it changes).",
+           "an http(s) URL ending in /v1, several comma-separated, or @FILE listing them"),
     Option("polar_flows", str, "./flows", "Directory for flow records.", "a writable directory"),
     Option("polar_model", Optional[str], None, "Model sent upstream; default: the backend's first /v1/models entry.",
            "a model name, or unset for the backend's first model"),
@@ -140,6 +150,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("polar_hold_timeout", str, "120",
            "A hold of generation (POST /admin/hold) ends by itself after this many seconds without a release.",
            "a positive number of seconds"),
+    Option("polar_replica_policy", str, "sticky",
+           "Several replicas: sticky (a session stays on its replica, chosen by rendezvous hashing of its id) or "
+           "round_robin (for comparison).", "sticky or round_robin"),
+    Option("polar_replica_max_inflight", str, "0",
+           "Several replicas: a replica with this many calls in flight spills new ones to the least-loaded (0: no "
+           "limit).", "a whole number, 0 or more"),
 )
 BY_NAME: dict[str, Option] = {o.name: o for o in OPTIONS}
 
@@ -163,12 +179,43 @@ def _choice(name: str, raw: Any, choices: tuple[str, ...]) -> str:
     return raw
 
 
-def _upstream(raw: Any) -> str:
-    text = str(raw).strip()
+def _one_upstream(text: str, raw: Any) -> str:
     scheme, sep, rest = text.partition("://")
     if not sep or scheme not in ("http", "https") or not rest.split("/", 1)[0] or not text.rstrip("/").endswith("/v1"):
         raise OptionError("polar_upstream", BY_NAME["polar_upstream"].expects, raw)
     return text
+
+
+def read_upstream_file(path: str) -> list[str]:
+    """The base URLs of a polar_upstream @FILE: one per line; blank lines and # comments skipped."""
+    with open(path, encoding="utf-8") as fh:
+        urls = [line.split("#", 1)[0].strip() for line in fh]
+    urls = [u for u in urls if u]
+    if not urls:
+        raise ValueError("lists no base URL")
+    return urls
+
+
+def _upstreams(raw: Any) -> tuple[str, tuple[str, ...], str | None]:
+    """(the text, the replicas' URLs, the @FILE path or None). Duplicates are refused: a replica listed twice would
+    take twice its share of sessions."""
+    import os
+
+    text = str(raw).strip()
+    path = None
+    if text.startswith("@"):
+        path = os.path.abspath(os.path.expanduser(text[1:]))
+        try:
+            items = read_upstream_file(path)
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise OptionError("polar_upstream", f"a readable file listing base URLs ({exc})", raw) from None
+    else:
+        items = [item.strip() for item in text.split(",")]
+    urls = tuple(_one_upstream(item, raw) for item in items)
+    seen = {u.rstrip("/") for u in urls}
+    if len(seen) != len(urls):
+        raise OptionError("polar_upstream", "each replica listed once", raw)
+    return text, (urls if len(urls) > 1 or path else ()), path
 
 
 def _name(option: str, raw: Any, allowed: Callable[[str], bool]) -> str | None:
@@ -215,7 +262,7 @@ def _printable(text: str) -> bool:
 def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
     """Every gateway option checked and converted; raises OptionError for the first bad one (in OPTIONS order)."""
     v = values
-    upstream = _upstream(v["polar_upstream"])
+    upstream, upstreams, upstream_file = _upstreams(v["polar_upstream"])
     flows = str(v["polar_flows"])
     if not flows.strip():
         raise OptionError("polar_flows", BY_NAME["polar_flows"].expects, v["polar_flows"])
@@ -239,6 +286,11 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
     control_token = _name("polar_control_token", v["polar_control_token"],
                           lambda s: bool(s.strip()) and s.isprintable() and s == s.strip())
     hold_timeout = _number("polar_hold_timeout", v["polar_hold_timeout"])
+    replica_policy = _choice("polar_replica_policy", v["polar_replica_policy"], ("sticky", "round_robin"))
+    max_inflight = _number("polar_replica_max_inflight", v["polar_replica_max_inflight"], zero_ok=True)
+    if max_inflight != int(max_inflight):
+        raise OptionError("polar_replica_max_inflight", BY_NAME["polar_replica_max_inflight"].expects,
+                          v["polar_replica_max_inflight"])
     return GatewayOptions(
         upstream=upstream, flows=flows, model=model, hosts=hosts, backend=backend, upstream_api_key=api_key,
         connect_timeout=numbers["polar_connect_timeout"], first_byte_timeout=numbers["polar_first_byte_timeout"],
@@ -248,6 +300,8 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
         logprobs_mode=logprobs_mode, thinking_kwarg=thinking_kwarg, sampling_override=override,
         exact=v["polar_exact"], exact_cache_bytes=int(cache_mb * 1024 * 1024), divert=v["polar_divert"],
         other_hosts=other_hosts, base_url=base_url, control_token=control_token, hold_timeout=hold_timeout,
+        upstreams=upstreams, upstream_file=upstream_file, replica_policy=replica_policy,
+        replica_max_inflight=int(max_inflight),
     )
 
 

@@ -4,7 +4,8 @@ once every polar_* option parsed) and the addons that start and stop what runs.
 - `ControlToken` (a part, no hooks): the control token, read (or created 0600) once per path, and the hold timeout
   (weight publication, docs/architecture.md#the-trainer-side).
 - `FlowFiles`: the flow writer, replaced when its directory or limits change.
-- `Backends`: the backend client, replaced when the upstream, model, kind, key or connect timeout change.
+- `Backends`: the replica pool (`pool.Pool`: one backend client per replica of polar_upstream), replaced when the
+  replicas, model, kind, key or connect timeout change; its health watcher runs from `running` (pools of two or more).
 - `Servers`: the two loopback servers — the endpoint every call is answered on (ready once it listens) and the
   control server (hold/release) — started side by side in `running`.
 """
@@ -24,6 +25,7 @@ from .control import TokenFileError, ensure_token
 from .gateway import GatewayAddon
 from .http_client import StreamClient
 from .options import GatewayOptions
+from .pool import Pool
 
 log = logging.getLogger("polar.gateway")
 
@@ -72,38 +74,50 @@ class FlowFiles(GatewayAddon):
             self.gateway.writer.close()
 
 
-async def _close_backend(backend: Backend) -> None:
-    if backend.stream_client is not None:
-        await backend.stream_client.aclose()
-    await backend.close()
-
-
 class Backends(GatewayAddon):
     def apply(self, o: GatewayOptions, old: GatewayOptions | None) -> None:
         g = self.gateway
-        if g.backend is None or old is None or (o.upstream, o.model, o.backend, o.upstream_api_key,
-                                                o.connect_timeout) != (old.upstream, old.model, old.backend,
-                                                                       old.upstream_api_key, old.connect_timeout):
+        if g.pool is None or old is None or (o.replicas, o.upstream_file, o.model, o.backend, o.upstream_api_key,
+                                             o.connect_timeout) != (old.replicas, old.upstream_file, old.model,
+                                                                    old.backend, old.upstream_api_key,
+                                                                    old.connect_timeout):
             self._replace(o)
+        elif (o.replica_policy, o.replica_max_inflight) != (old.replica_policy, old.replica_max_inflight):
+            g.pool.policy, g.pool.max_inflight = o.replica_policy, o.replica_max_inflight
 
     def _replace(self, o: GatewayOptions) -> None:
         g = self.gateway
-        old = g.backend
-        g.backend = Backend(o.upstream, o.model, o.backend, o.upstream_api_key, o.connect_timeout)
-        g.backend.on_weight_version = g.control.adopt_backend_version
-        # The streamed chat call goes through a lean HTTP/1.1 client on plain-http backends (httpx costs ~10x
-        # its CPU per streamed call, BENCHMARKS.md); /models, /version and /tokenize stay on httpx.
-        if g.backend.base_url.startswith("http://"):
-            g.backend.stream_client = StreamClient(g.backend.base_url, g.backend.headers, o.connect_timeout)
+        old = g.pool
+        control = g.control
+
+        def make_backend(url: str) -> Backend:
+            backend = Backend(url, o.model, o.backend, o.upstream_api_key, o.connect_timeout)
+            backend.on_weight_version = control.adopt_backend_version
+            # The streamed chat call goes through a lean HTTP/1.1 client on plain-http backends (httpx costs ~10x
+            # its CPU per streamed call, BENCHMARKS.md); /models, /version and /tokenize stay on httpx.
+            if backend.base_url.startswith("http://"):
+                backend.stream_client = StreamClient(backend.base_url, backend.headers, o.connect_timeout)
+            return backend
+
+        g.pool = Pool(list(o.replicas), make_backend, policy=o.replica_policy, max_inflight=o.replica_max_inflight,
+                      source=o.upstream_file, held=lambda: control.held,
+                      released_version=lambda: control.weight_version if control.released_version else None)
+        control.pool = g.pool
         if old is not None:
             try:
-                asyncio.get_running_loop().create_task(_close_backend(old))
+                loop = asyncio.get_running_loop()
             except RuntimeError:
-                pass  # configured before the event loop runs: nothing was opened yet
+                return  # configured before the event loop runs: nothing was opened yet
+            loop.create_task(old.close())
+            g.pool.start()
+
+    async def running(self) -> None:
+        if self.gateway.pool is not None:
+            self.gateway.pool.start()
 
     async def done(self) -> None:
-        if self.gateway.backend is not None:
-            await _close_backend(self.gateway.backend)
+        if self.gateway.pool is not None:
+            await self.gateway.pool.close()
 
 
 class Servers(GatewayAddon):

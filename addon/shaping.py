@@ -23,6 +23,9 @@ class BackendInfo:
     version: str | None
     model: str
     max_model_len: int | None
+    # the backend's own render of a fixed conversation and text, hashed (`backend.template_hash`): which chat
+    # template and tokenizer produced a prompt; None when the backend has no /tokenize
+    template_hash: str | None = None
 
     def at_least(self, version: str) -> bool:
         def parts(v: str) -> tuple[int, ...]:

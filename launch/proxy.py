@@ -153,32 +153,96 @@ def wait_ready(procs: Sequence, ports: Sequence[int], timeout: float, probe=prob
         time.sleep(0.1)
 
 
-def upstream_error(upstream: str) -> str | None:
-    """One line naming the fix when `upstream` is not an OpenAI base URL; the addon would refuse it only after
-    start-up, buried in its log."""
-    parts = urlsplit(upstream)
+def _url_error(url: str, where: str) -> str | None:
+    parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        return f"--upstream must be an http(s) URL ending in /v1, e.g. http://127.0.0.1:8000/v1 (got {upstream!r})"
+        return f"{where} must be an http(s) URL ending in /v1, e.g. http://127.0.0.1:8000/v1 (got {url!r})"
     if not parts.path.rstrip("/").endswith("/v1"):
-        fixed = upstream.rstrip("/") + "/v1"
-        return f"--upstream must be an OpenAI base URL ending in /v1: did you mean {fixed}? (got {upstream!r})"
+        fixed = url.rstrip("/") + "/v1"
+        return f"{where} must be an OpenAI base URL ending in /v1: did you mean {fixed}? (got {url!r})"
     return None
+
+
+def upstream_urls(upstream: str) -> tuple[list[str], str | None]:
+    """(the base URLs `upstream` names, one line naming the fix or None). `upstream` is one OpenAI base URL, several
+    comma-separated (a pool of replicas), or `@FILE`: a file with one URL per line (blank lines and `#` comments
+    ignored) that must exist and list at least one. Every URL is http(s) and ends in /v1; a URL listed twice is
+    refused (the gateway would count one replica twice)."""
+    if upstream.startswith("@"):
+        path = upstream[1:]
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as exc:
+            return [], f"--upstream @{path}: cannot read the replica list ({exc.strerror or exc}); pass @FILE of an " \
+                       f"existing file with one base URL per line"
+        urls = [line.split("#", 1)[0].strip() for line in text.splitlines()]
+        urls = [u for u in urls if u]
+        if not urls:
+            return [], f"--upstream @{path}: the file lists no base URL; write one per line (e.g. " \
+                       f"http://127.0.0.1:8000/v1)"
+        where = f"every line of --upstream @{path}"
+    else:
+        urls = [u.strip() for u in upstream.split(",")]
+        if len(urls) > 1 and not all(urls):
+            return [], f"--upstream has an empty entry: list base URLs separated by single commas (got {upstream!r})"
+        where = "--upstream" if len(urls) == 1 else "every --upstream entry"
+    seen: set[str] = set()
+    for url in urls:
+        bad = _url_error(url, where)
+        if bad:
+            return [], bad
+        key = url.rstrip("/")
+        if key in seen:
+            return [], f"--upstream lists {url} twice; name each replica once"
+        seen.add(key)
+    return urls, None
+
+
+def upstream_error(upstream: str) -> str | None:
+    """One line naming the fix when `upstream` is not an OpenAI base URL, a comma-separated list of them, or @FILE
+    of them (`upstream_urls`); the addon would refuse it only after start-up, buried in its log."""
+    return upstream_urls(upstream)[1]
 
 
 def check_upstream(upstream: str, timeout: float = 2.0) -> str | None:
-    """A warning when the backend does not answer GET /models: the proxy is useful once it does (vLLM may still be
-    loading), so this never stops start. Any HTTP status is an answer (e.g. 401 without polar_upstream_api_key)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(upstream.rstrip("/") + "/models", timeout=timeout) as resp:
-            resp.read(1)
-    except urllib.error.HTTPError:
+    """A warning when a backend does not answer GET /models: the proxy is useful once it does (vLLM may still be
+    loading), so this never stops start. Any HTTP status is an answer (e.g. 401 without polar_upstream_api_key).
+    For a list (comma-separated or @FILE) every replica is asked, side by side; one line names those that do not
+    answer."""
+    urls, bad = upstream_urls(upstream)
+    if bad or not urls:
         return None
-    except Exception as exc:  # noqa: BLE001 — refused, timed out, DNS: all mean "does not answer"
-        reason = getattr(exc, "reason", exc)
-        return (f"warning: upstream {upstream} does not answer (GET /models: {reason}); the proxy starts anyway, "
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    silent: dict[str, str] = {}
+
+    def ask(url: str) -> None:
+        try:
+            with opener.open(url.rstrip("/") + "/models", timeout=timeout) as resp:
+                resp.read(1)
+        except urllib.error.HTTPError:
+            return
+        except Exception as exc:  # noqa: BLE001 — refused, timed out, DNS: all mean "does not answer"
+            silent[url] = str(getattr(exc, "reason", exc))
+
+    askers = [threading.Thread(target=ask, args=(u,), daemon=True) for u in urls]
+    for t in askers:
+        t.start()
+    for t in askers:
+        t.join(timeout + 1)
+    if not silent:
+        return None
+    if len(urls) == 1:
+        url, reason = next(iter(silent.items()))
+        return (f"warning: upstream {url} does not answer (GET /models: {reason}); the proxy starts anyway, "
                 f"model calls fail until it does")
-    return None
+    listed = ", ".join(f"{u} ({r})" for u, r in silent.items())
+    return (f"warning: {len(silent)} of {len(urls)} upstream replicas do not answer GET /models: {listed}; the proxy "
+            f"starts anyway, their calls go to the other replicas or fail until they do")
+
+
+def absolute_upstream(upstream: str) -> str:
+    """`@FILE` made absolute (the proxy runs in another working directory); anything else as it is."""
+    return "@" + os.path.abspath(upstream[1:]) if upstream.startswith("@") else upstream
 
 
 def set_error(sets: Sequence[str]) -> str | None:
@@ -365,6 +429,7 @@ def start(upstream: str, *, flows: str | os.PathLike | None = None, run_dir: str
     bad = option_error(upstream, count, port, timeout, sets)
     if bad:
         raise ProxyError(f"error: {bad}", code=2)
+    upstream = absolute_upstream(upstream)
     binary, script, certs = find_mitmdump(mitmdump), addon_script(), resolve_confdir(confdir)
     run_dir = Path(os.path.abspath(run_dir if run_dir is not None else paths.default_run_dir()))
     flows = os.path.abspath(flows if flows is not None else paths.flows_dir())

@@ -10,6 +10,8 @@ token file they require (`control_token`); `env --proxy K` prints the lines for 
 stop: SIGTERM to every live proxy of the run file (flow files are closed and renamed on a clean shutdown).
 status: the run file with, per proxy, whether it runs and answers ready (exit 1 unless all do).
 start refuses (exit 2) while the run file names a live proxy; a run file whose pids are all dead is overwritten.
+--upstream is one OpenAI base URL, a pool of replicas as comma-separated base URLs, or @FILE (one per line, blank
+lines and # comments ignored); each must be http(s) and end in /v1, none listed twice.
 Bad options fail up front with one line and exit 2; an upstream that does not answer GET /models within 2 s is a
 one-line warning (vLLM may still be starting). The printed lines are shell-quoted, the session percent-encoded.
 Outside a checkout, name the CA directory with --confdir or POLAR_CONFDIR (a new CA is made there when it has none).
@@ -48,8 +50,9 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--listen-host", default="127.0.0.1",
                         help="start: address the proxies bind (default: %(default)s)")
     parser.add_argument("--upstream", default=os.environ.get("POLAR_UPSTREAM", "http://127.0.0.1:8000/v1"),
-                        help="start: OpenAI base URL of vLLM/SGLang, ending in /v1 (default: $POLAR_UPSTREAM if set, "
-                             "else http://127.0.0.1:8000/v1)")
+                        help="start: OpenAI base URL of vLLM/SGLang, ending in /v1; a pool of replicas as several "
+                             "comma-separated (what polar-vllm start --replicas N prints) or @FILE (one per line) "
+                             "(default: $POLAR_UPSTREAM if set, else http://127.0.0.1:8000/v1)")
     parser.add_argument("--flows", default=str(paths.flows_dir()),
                         help="start: flow directory (default: %(default)s)")
     parser.add_argument("--session",

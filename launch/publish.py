@@ -15,6 +15,13 @@ Weights equal to those served, tensor for tensor, publish as the new version eve
 Input that cannot work is `BadInput`, before anything is held. Any later failure is `Fail`: before a backend was
 asked to reload, the old weights are still served; after, each such backend is given its old weights back and the
 message says whether that worked. Once held, the proxies are always released (with their old version on failure).
+
+A pool run file (`polar-vllm start --replicas N`) given as a backend stands for all its replicas (each through its own
+run file): the proxies are held once, every replica is reloaded in turn, and the proxies are released only when all
+of them serve the new version; each replica's run file then names the new weights and version. A failure on any
+replica gives every replica already reloaded its old weights back, so the OLD version stays on every replica; the
+message names the replica that failed and how many were restored ("replica URL failed to reload: ...; the old
+version stays on every replica (2 restored)"), or which ones could not be.
 """
 
 from __future__ import annotations
@@ -28,9 +35,9 @@ from typing import Iterable, Union
 
 from polar.launch import paths
 from polar.launch.process import PROXY_MARKER, is_ours, port_in_use
-from polar.launch.runfiles import ProxyRunFile, RunFileError, VllmRunFile
-from polar.launch.vllm import (BadInput, Fail, Log, StartSpec, command, http_json, is_cpu_build, quiet, read_run_file,
-                               root_url, say, served_weights, start, stop_group, vllm_venv)
+from polar.launch.runfiles import ProxyRunFile, RunFileError, VllmPoolRunFile, VllmRunFile
+from polar.launch.vllm import (BadInput, Fail, Log, StartSpec, command, http_json, is_cpu_build, quiet, read_pool,
+                               read_run_file, root_url, say, served_weights, start, stop_group, vllm_venv)
 
 PROBE_PROMPT = "The quick brown fox jumps over the lazy dog. The answer is"
 MAX_VERSION_CHARS = 256
@@ -79,6 +86,17 @@ class Backend:
         if info is None or info.port is None:
             raise BadInput(f"no vLLM run file at {path}; start one with `{command()} start --dev`")
         return cls(root=f"http://127.0.0.1:{info.port}", model=info.model, run_file=path, info=info)
+
+    @classmethod
+    def expand(cls, item: "BackendLike") -> list["Backend"]:
+        """The backends `item` stands for: every replica of a pool run file (its path or a `VllmPoolRunFile`), else
+        the one `Backend.of` makes."""
+        pool = item if isinstance(item, VllmPoolRunFile) else None
+        if pool is None and isinstance(item, (str, os.PathLike)) and "://" not in str(item):
+            pool = read_pool(item)
+        if pool is None:
+            return [cls.of(item)]
+        return [cls.of(path) for path in pool.run_files]
 
     @property
     def label(self) -> str:
@@ -386,19 +404,28 @@ def roll_back(backend: Backend) -> str:
         else:
             reload_sequence(backend, old_dir, backend.previous or "default", 60)
         if logprob_probe(backend) == backend.before:
-            return f"rolled back: the old weights ({old_dir}) are served again"
+            return f"{ROLLED_BACK}the old weights ({old_dir}) are served again"
         return f"rolled back to {old_dir}, but the probe differs from before: the served weights are UNKNOWN"
     except Fail as exc:
         return f"rolling back to {old_dir} failed too ({exc}): the served weights are UNKNOWN"
 
 
-def _failure(targets: list[Backend], exc: Fail) -> str:
+ROLLED_BACK = "rolled back: "  # how roll_back says it worked
+
+
+def _failure(targets: list[Backend], exc: Fail, failed: Backend | None = None) -> str:
     started = [b for b in targets if b.reloading]
     if not started:
         return f"{exc}; the old weights are still served"
     if len(targets) == 1:
         return f"{exc}; {roll_back(started[0])}"
-    return f"{exc}; " + "; ".join(f"{b.label}: {roll_back(b)}" for b in started)
+    outcomes = [(b, roll_back(b)) for b in started]
+    lost = [f"{b.label}: {text}" for b, text in outcomes if not text.startswith(ROLLED_BACK)]
+    where = f"replica {failed.root} failed to reload: " if failed is not None else ""
+    if not lost:
+        return f"{where}{exc}; the old version stays on every replica ({len(outcomes)} restored)"
+    return (f"{where}{exc}; {len(outcomes) - len(lost)} of {len(outcomes)} reloaded replicas restored, NOT "
+            f"restored: " + "; ".join(lost))
 
 
 # ---------------------------------------------------------------------------------------------- publish
@@ -406,13 +433,14 @@ def _failure(targets: list[Backend], exc: Fail) -> str:
 def publish(backends: Iterable[BackendLike], weights: str | os.PathLike, version: str,
             proxies: Iterable[ProxyLike] | None = None, drain_timeout: float = 60.0, *,
             vllm_venv: str | None = None, log: Log = say) -> Published:
-    """Hold every proxy once, serve `weights` as `version` on every backend, release the proxies with `version`.
-    `proxies`: control endpoints or proxy run files (None: the run directory's proxy.json, if any)."""
+    """Hold every proxy once, serve `weights` as `version` on every backend (every replica of a pool run file),
+    release the proxies with `version` once all serve it. `proxies`: control endpoints or proxy run files (None: the
+    run directory's proxy.json, if any)."""
     weights = check_weights(weights)
     check_version(version)
     if not drain_timeout > 0:
         raise BadInput(f"--drain-timeout must be a positive number of seconds (got {drain_timeout:g})")
-    targets = [Backend.of(b) for b in backends]
+    targets = [t for b in backends for t in Backend.expand(b)]
     if not targets:
         raise BadInput("no backend to publish to")
     for b in targets:
@@ -428,13 +456,15 @@ def publish(backends: Iterable[BackendLike], weights: str | os.PathLike, version
         b.before = logprob_probe(b)
     t0 = time.monotonic()
     held: list[ControlEndpoint] = []
+    current: Backend | None = None
     try:
         hold_and_drain(endpoints, held, t0 + drain_timeout)
         t_held = time.monotonic()
         for b in targets:
+            current = b
             publish_one(b, weights, version, b.tied, t0 + drain_timeout, log)
     except Fail as exc:
-        why = _failure(targets, exc)
+        why = _failure(targets, exc, current)
         for problem in release_all(held, None):
             log(f"ERROR: {problem}")
         raise Fail(why) from None

@@ -1,8 +1,15 @@
-"""The run files as typed objects: proxy.json (one proxy or a fleet) and vllm.json. This module is the only code
-that reads or writes their JSON; everything else goes through `ProxyRunFile` / `VllmRunFile` (`read`, `write`).
+"""The run files as typed objects: proxy.json (one proxy or a fleet) and vllm.json (one server or a pool of
+replicas). This module is the only code that reads or writes their JSON; everything else goes through
+`ProxyRunFile` / `VllmRunFile` / `VllmPoolRunFile` (`read`, `write`; `read_vllm` for either vLLM kind).
 
 A proxy run file keeps its first proxy's fields at the top level (readers written for one proxy) and lists every
-proxy under `proxies`. Writes are atomic (a temporary file, then a rename), so a reader never sees half a file.
+proxy under `proxies`. A vLLM pool run file (`polar-vllm start --replicas N`, N > 1) lists its replicas under
+`replicas` (run file, port, base URL, CUDA device) and gives the pool's `base_url` as the comma-separated list of
+the replicas' base URLs (what the gateway's `polar_upstream` takes); each replica also has its own ordinary vLLM run
+file beside it, `<stem>.r<i>.json` (vllm.json → vllm.r0.json, vllm.r1.json, …), which holds what one server's run
+file holds (its weights and their version included: publication updates those, never the pool file). A pool run
+file is never read as a single server's: `VllmRunFile.read` refuses it (RunFileError).
+Writes are atomic (a temporary file, then a rename), so a reader never sees half a file.
 Reading is lenient about what a file leaves out (older writers, hand-written test files) and strict about types.
 Standard library only.
 """
@@ -185,6 +192,8 @@ class VllmRunFile:
     def from_dict(cls, doc: Any, where: str = "vLLM run file") -> "VllmRunFile":
         if not isinstance(doc, dict):
             raise RunFileError(f"{where}: not a vLLM run file (a JSON object)")
+        if "replicas" in doc:  # a pool's: its replicas each have their own run file
+            raise RunFileError(f"{where}: a vLLM pool run file (its replicas each have their own run file)")
         args = doc.get("start_args") or []
         if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
             raise RunFileError(f"{where}: start_args must be a list of strings")
@@ -208,3 +217,105 @@ class VllmRunFile:
 
     def write(self, path: str | os.PathLike) -> None:
         _dump(path, self.to_dict(), indent=2)
+
+
+# ------------------------------------------------------------------------------------------------ vllm.json, a pool
+
+@dataclass(frozen=True)
+class VllmReplica:
+    """One replica of a pool: its own run file (the truth about its pid, weights and version: a restart or a
+    publication rewrites that file, never the pool's), its port, base URL, and the CUDA device it was given (None on
+    a CPU build)."""
+
+    run_file: str
+    port: int | None = None
+    base_url: str | None = None
+    device: str | None = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str) -> "VllmReplica":
+        if not isinstance(doc, dict):
+            raise RunFileError(f"{where}: a replica entry must be an object (got {doc!r})")
+        run_file = _str(doc, "run_file", where)
+        if not run_file:
+            raise RunFileError(f"{where}: a replica entry names no run_file")
+        return cls(run_file=run_file, port=_int(doc, "port", where), base_url=_str(doc, "base_url", where),
+                   device=_str(doc, "device", where))
+
+
+def replica_run_file(pool_path: str | os.PathLike, index: int) -> Path:
+    """Where replica `index` of the pool at `pool_path` keeps its own run file: vllm.json → vllm.r0.json."""
+    path = Path(pool_path)
+    stem = path.stem if path.suffix == ".json" else path.name
+    return path.with_name(f"{stem}.r{index}.json")
+
+
+@dataclass(frozen=True)
+class VllmPoolRunFile:
+    """What `polar-vllm start --replicas N` wrote: the replicas (at least two), the served model, and the arguments
+    that start the same pool again. `base_url` is the comma-separated list of the replicas' base URLs."""
+
+    replicas: tuple[VllmReplica, ...]
+    model: str | None = None
+    model_dir: str | None = None
+    dtype: str | None = None
+    dev: bool = False
+    start_args: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if len(self.replicas) < 2:
+            raise RunFileError("a vLLM pool run file names at least two replicas")
+
+    @property
+    def base_urls(self) -> tuple[str, ...]:
+        return tuple(r.base_url or f"http://127.0.0.1:{r.port}/v1" for r in self.replicas)
+
+    @property
+    def base_url(self) -> str:
+        return ",".join(self.base_urls)
+
+    @property
+    def run_files(self) -> tuple[Path, ...]:
+        return tuple(Path(r.run_file) for r in self.replicas)
+
+    def to_dict(self) -> dict:
+        return {"base_url": self.base_url, "model": self.model, "model_dir": self.model_dir, "dtype": self.dtype,
+                "dev": self.dev, "start_args": list(self.start_args),
+                "replicas": [r.to_dict() for r in self.replicas]}
+
+    @classmethod
+    def from_dict(cls, doc: Any, where: str = "vLLM pool run file") -> "VllmPoolRunFile":
+        if not isinstance(doc, dict) or not isinstance(doc.get("replicas"), list):
+            raise RunFileError(f"{where}: not a vLLM pool run file (a JSON object with a replicas list)")
+        args = doc.get("start_args") or []
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise RunFileError(f"{where}: start_args must be a list of strings")
+        return cls(replicas=tuple(VllmReplica.from_dict(r, where) for r in doc["replicas"]),
+                   model=_str(doc, "model", where), model_dir=_str(doc, "model_dir", where),
+                   dtype=_str(doc, "dtype", where), dev=bool(doc.get("dev")), start_args=tuple(args))
+
+    def replace(self, **changes) -> "VllmPoolRunFile":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> "VllmPoolRunFile | None":
+        """The pool run file at `path`; None when there is none; RunFileError when it is not one."""
+        doc = _load(path)
+        return None if doc is None else cls.from_dict(doc, str(path))
+
+    def write(self, path: str | os.PathLike) -> None:
+        _dump(path, self.to_dict(), indent=2)
+
+
+def read_vllm(path: str | os.PathLike) -> "VllmRunFile | VllmPoolRunFile | None":
+    """The vLLM run file at `path`, a single server's or a pool's; None when there is none; RunFileError when it is
+    neither."""
+    doc = _load(path)
+    if doc is None:
+        return None
+    if isinstance(doc, dict) and "replicas" in doc:
+        return VllmPoolRunFile.from_dict(doc, str(path))
+    return VllmRunFile.from_dict(doc, str(path))

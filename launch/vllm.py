@@ -9,6 +9,8 @@ their weight version back), so a restart after a publication does not silently r
 `stop` sends SIGTERM to the server's process group, waits (SIGKILL after `timeout`) and removes the run file.
 `status` is the run file of a healthy server, or None.
 
+A pool (`StartSpec.replicas` N > 1): polar.launch.vllm_pool, whose names this module re-exports.
+
 The server runs in the vLLM environment (`--vllm-venv`, POLAR_VLLM_VENV, or the checkout's .venv-vllm) through
 `vllm_launcher.py` beside this module; the preset models come from `--models-dir`, POLAR_MODELS_DIR, or the
 checkout's .cache/models. Errors are `Fail` (exit 1) and `BadInput` (exit 2), each a message for one line.
@@ -18,10 +20,12 @@ Standard library only: this runs in the proxy's, the trainer's and any installed
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -30,8 +34,9 @@ from pathlib import Path
 from typing import Callable
 
 from polar.launch import paths
-from polar.launch.process import free_port, is_ours, kill_group, port_in_use
-from polar.launch.runfiles import RunFileError, VllmRunFile
+from polar.launch.process import free_port, is_ours, kill_group, port_in_use, stop_groups
+from polar.launch.runfiles import (RunFileError, VllmPoolRunFile, VllmReplica, VllmRunFile, read_vllm,
+                                   replica_run_file)
 
 LAUNCHER = Path(__file__).resolve().with_name("vllm_launcher.py")
 # What a server's pid runs: the launcher, by whichever path it was started (also an older checkout's
@@ -130,6 +135,24 @@ def read_run_file(path: Path | str) -> VllmRunFile | None:
         return VllmRunFile.read(path)
     except RunFileError:
         return None
+
+
+def read_any(path: Path | str) -> VllmRunFile | VllmPoolRunFile | None:
+    """The run file at `path`, a single server's or a pool's, or None (none there, or one that cannot be read)."""
+    try:
+        return read_vllm(path)
+    except RunFileError:
+        return None
+
+
+def read_pool(path: Path | str) -> VllmPoolRunFile | None:
+    found = read_any(path)
+    return found if isinstance(found, VllmPoolRunFile) else None
+
+
+def replica_infos(pool: VllmPoolRunFile) -> list[VllmRunFile | None]:
+    """Each replica's own run file (None where it is gone or unreadable), in the pool's order."""
+    return [read_run_file(r.run_file) for r in pool.replicas]
 
 
 def root_url(info: VllmRunFile) -> str:
@@ -295,6 +318,8 @@ class StartSpec:
     extra: list[str] = field(default_factory=list)
     vllm_venv: str | None = None
     models_dir: str | None = None
+    replicas: int = 1  # > 1: a pool (start_pool); 0: one replica per visible CUDA device
+    device: str | None = None  # the CUDA device of this one server (CUDA_VISIBLE_DEVICES), as a pool gives it
 
     def to_args(self, port: int | None = None) -> list[str]:
         port = self.port if port is None else port
@@ -304,7 +329,9 @@ class StartSpec:
                *(["--max-model-len", str(self.max_model_len)] if self.max_model_len else []),
                *(["--name", self.name] if self.name else []),
                *(["--vllm-venv", self.vllm_venv] if self.vllm_venv else []),
-               *(["--models-dir", self.models_dir] if self.models_dir else [])]
+               *(["--models-dir", self.models_dir] if self.models_dir else []),
+               *(["--device", self.device] if self.device is not None else []),
+               *(["--replicas", str(self.replicas or "auto")] if self.replicas != 1 else [])]
         return out + (["--", *self.extra] if self.extra else [])
 
     @classmethod
@@ -315,7 +342,9 @@ class StartSpec:
         if "--" in argv:
             i = argv.index("--")
             argv, extra = argv[:i], argv[i + 1:]
-        parser = _Strict(prog="start", add_help=False)
+        from polar.launch.vllm_args import Strict, add_start_arguments
+
+        parser = Strict(prog="start", add_help=False)
         add_start_arguments(parser)
         args = parser.parse_args(argv)
         if run_file is not None:
@@ -327,36 +356,8 @@ class StartSpec:
         return cls(model=args.model, port=args.port, max_model_len=args.max_model_len,
                    logprobs_mode=args.logprobs_mode, dtype=args.dtype, dev=args.dev, name=args.name,
                    timeout=args.timeout, run_file=Path(args.run_file), extra=list(extra),
-                   vllm_venv=args.vllm_venv, models_dir=args.models_dir)
-
-
-class _Strict(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise BadInput(f"start arguments: {message}")
-
-
-def add_start_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of `start` (the command line's and `StartSpec.from_args`')."""
-    p.add_argument("--model", default="tiny", help="tiny | smollm2 | a model directory (default: tiny)")
-    p.add_argument("--port", type=int, help="port on 127.0.0.1 (default: a free one)")
-    p.add_argument("--max-model-len", type=int, help="context length (default: per model; tiny 65536, smollm2 8192)")
-    p.add_argument("--logprobs-mode", default="raw_logprobs", choices=["raw_logprobs", "processed_logprobs"])
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
-                   help="weights and activations (default bfloat16; float32 for logprob verification)")
-    p.add_argument("--dev", action="store_true",
-                   help="VLLM_SERVER_DEV_MODE=1: the weight-reload endpoints `reload` uses")
-    p.add_argument("--name", help="served model name (default: the preset name or the directory name)")
-    p.add_argument("--timeout", type=float, default=_default_timeout(),
-                   help=f"seconds to wait for /health (default 600, or {TIMEOUT_ENV})")
-    p.add_argument("--run-file", default=str(default_run_file()))
-    add_venv_argument(p)
-    p.add_argument("--models-dir", metavar="DIR",
-                   help=f"where the preset models are (default: {MODELS_ENV}, else the checkout's .cache/models)")
-
-
-def add_venv_argument(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--vllm-venv", metavar="DIR",
-                   help=f"the vLLM environment (default: {VENV_ENV}, else the checkout's .venv-vllm)")
+                   vllm_venv=args.vllm_venv, models_dir=args.models_dir, replicas=args.replicas,
+                   device=args.device)
 
 
 def restored_weights(stale: VllmRunFile | None, model_dir: Path, *, dtype: str, dev: bool, port: int | None,
@@ -467,10 +468,55 @@ def _wait_healthy(proc: subprocess.Popen, port: int, timeout: float, log_path: P
         raise
 
 
+def _spawn(py: Path, spec: StartSpec, name: str, model_dir: Path, weights_dir: Path, port: int, preset: dict,
+           device: str | None = None) -> tuple[subprocess.Popen, Path]:
+    """Launch one server (not waiting for it); its process and its log."""
+    cmd = serve_command(py, spec, name, model_dir, weights_dir, port, preset)
+    run_dir = paths.default_run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / f"vllm-{port}.log"
+    env = server_env(preset, spec.dev)
+    if device is not None:
+        env["CUDA_VISIBLE_DEVICES"] = device
+    with open(log_path, "wb") as log_file:
+        log_file.write(("$ " + " ".join(cmd) + "\n").encode())
+        log_file.flush()
+        # Own session = own process group, so `stop` can signal vLLM and every worker it spawned at once.
+        proc = subprocess.Popen(cmd, cwd=paths.checkout_root() or run_dir, env=env,
+                                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    return proc, log_path
+
+
+def _run_file_of(proc: subprocess.Popen, port: int, spec: StartSpec, name: str, model_dir: Path, weights_dir: Path,
+                 weight_version: str | None, preset: dict, log_path: Path, py: Path) -> VllmRunFile:
+    return VllmRunFile(
+        pid=proc.pid, port=port, base_url=f"http://127.0.0.1:{port}/v1", model=name, model_dir=str(model_dir),
+        max_model_len=spec.max_model_len or preset["max_model_len"], logprobs_mode=spec.logprobs_mode,
+        dtype=spec.dtype, dev=spec.dev, weights_dir=str(weights_dir), weight_version=weight_version,
+        start_args=tuple(spec.to_args(port)), log=str(log_path), venv=str(py.parent.parent))
+
+
+def _refuse_live_pool(run_file: Path | str) -> None:
+    pool = read_pool(run_file)
+    if pool is not None and any(i is not None and is_server(i.pid) for i in replica_infos(pool)):
+        raise Fail(f"a pool of {len(pool.replicas)} vLLM replicas runs from {run_file} ({pool.base_url}); run "
+                   f"`{command()} stop --run-file {run_file}` first, or pass another --run-file")
+
+
+def restore_weight_version(port: int, version: str, log: Log = say) -> None:
+    """vLLM starts at version "default": say the restored weights' version (dev mode only has the endpoint)."""
+    try:
+        http_json(f"http://127.0.0.1:{port}/update_weight_version", "POST", {"new_version": version}, timeout=30)
+    except Fail as exc:
+        log(f"warning: could not set weight_version {version} on the new server: {exc}")
+
+
 def start(spec: StartSpec, log: Log = say) -> VllmRunFile:
     """Start (or find running) the server `spec` describes; its run file, written once /health answers."""
     name, model_dir, preset = resolve_model(spec.model, spec.models_dir)
     name = spec.name or name
+    _refuse_live_pool(spec.run_file)
     current = read_run_file(spec.run_file)
     reused = _reuse(current, spec, model_dir, log)
     if reused is not None:
@@ -481,39 +527,17 @@ def start(spec: StartSpec, log: Log = say) -> VllmRunFile:
     port = spec.port if spec.port is not None else free_port()
     if spec.port is not None and port_in_use(port):
         raise Fail(f"port {port} on 127.0.0.1 is already in use")
-    cmd = serve_command(py, spec, name, model_dir, weights_dir, port, preset)
-    run_dir = paths.default_run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    log_path = run_dir / f"vllm-{port}.log"
-    log(f"starting {name} ({model_dir}) on port {port}; log: {log_path}")
+    log(f"starting {name} ({model_dir}) on port {port}; log: {paths.default_run_dir() / f'vllm-{port}.log'}")
     t0 = time.monotonic()
-    with open(log_path, "wb") as log_file:
-        log_file.write(("$ " + " ".join(cmd) + "\n").encode())
-        log_file.flush()
-        # Own session = own process group, so `stop` can signal vLLM and every worker it spawned at once.
-        proc = subprocess.Popen(cmd, cwd=paths.checkout_root() or run_dir, env=server_env(preset, spec.dev),
-                                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    proc, log_path = _spawn(py, spec, name, model_dir, weights_dir, port, preset, spec.device)
     _wait_healthy(proc, port, spec.timeout, log_path)
     if weight_version is not None:
         restore_weight_version(port, weight_version, log)
     warm_up(port, name)
-    info = VllmRunFile(
-        pid=proc.pid, port=port, base_url=f"http://127.0.0.1:{port}/v1", model=name, model_dir=str(model_dir),
-        max_model_len=spec.max_model_len or preset["max_model_len"], logprobs_mode=spec.logprobs_mode,
-        dtype=spec.dtype, dev=spec.dev, weights_dir=str(weights_dir), weight_version=weight_version,
-        start_args=tuple(spec.to_args(port)), log=str(log_path), venv=str(py.parent.parent))
+    info = _run_file_of(proc, port, spec, name, model_dir, weights_dir, weight_version, preset, log_path, py)
     info.write(spec.run_file)
     log(f"ready after {time.monotonic() - t0:.1f} s (pid {proc.pid})")
     return info
-
-
-def restore_weight_version(port: int, version: str, log: Log = say) -> None:
-    """vLLM starts at version "default": say the restored weights' version (dev mode only has the endpoint)."""
-    try:
-        http_json(f"http://127.0.0.1:{port}/update_weight_version", "POST", {"new_version": version}, timeout=30)
-    except Fail as exc:
-        log(f"warning: could not set weight_version {version} on the new server: {exc}")
 
 
 # ---------------------------------------------------------------------------------------------- stop, status
@@ -525,11 +549,18 @@ class Stopped:
     state: str
     pid: int | None = None
     port: int | None = None
+    replicas: tuple["Stopped", ...] = ()  # a pool's: what stop found of each replica
 
 
 def stop(run_file: Path | str | None = None, timeout: float = 30.0, log: Log = say) -> Stopped:
-    """Stop the server of the run file (never a pid that is not ours) and remove the file."""
+    """Stop the server of the run file (never a pid that is not ours) and remove the file; for a pool, every replica
+    (side by side) and every replica's run file."""
     run_file = Path(run_file) if run_file is not None else default_run_file()
+    pool = read_pool(run_file)
+    if pool is not None:
+        from polar.launch.vllm_pool import stop_pool
+
+        return stop_pool(run_file, pool, timeout, log)
     current = read_run_file(run_file)
     if current is None:
         log(f"not running (no {run_file})")
@@ -545,9 +576,19 @@ def stop(run_file: Path | str | None = None, timeout: float = 30.0, log: Log = s
     return result
 
 
-def status(run_file: Path | str | None = None) -> VllmRunFile | None:
-    """The run file when its server is ours and healthy, else None."""
-    current = read_run_file(Path(run_file) if run_file is not None else default_run_file())
+def status(run_file: Path | str | None = None) -> VllmRunFile | VllmPoolRunFile | None:
+    """The run file when its server is ours and healthy (a pool's when every replica is), else None."""
+    current = read_any(Path(run_file) if run_file is not None else default_run_file())
+    if isinstance(current, VllmPoolRunFile):
+        from polar.launch.vllm_pool import replica_health
+
+        return current if all(ok for _, _, ok in replica_health(current)) else None
     if current is not None and is_server(current.pid) and healthy(current.port or 0):
         return current
     return None
+
+
+# The pool and the start options live in their own modules; these names stay importable from here.
+from polar.launch.vllm_args import add_start_arguments, add_venv_argument  # noqa: E402,F401
+from polar.launch.vllm_pool import (cuda_devices, replica_devices, replica_health, start_pool,  # noqa: E402,F401
+                                    stop_pool)

@@ -1,8 +1,8 @@
 """polar-vllm start|stop|status|reload: a local vLLM OpenAI server for the gateway (also `scripts/vllm` in a checkout).
 
   start  [--model tiny|smollm2|DIR] [--port P] [--max-model-len N] [--logprobs-mode raw_logprobs|processed_logprobs]
-         [--dtype bfloat16|float32] [--dev] [--name NAME] [--timeout S] [--run-file PATH]
-         [--vllm-venv DIR] [--models-dir DIR] [-- EXTRA_VLLM_FLAGS...]
+         [--dtype bfloat16|float32] [--dev] [--name NAME] [--timeout S] [--run-file PATH] [--replicas N|auto]
+         [--device D] [--vllm-venv DIR] [--models-dir DIR] [-- EXTRA_VLLM_FLAGS...]
   stop   [--run-file PATH] [--timeout S]
   status [--run-file PATH]
   reload --weights DIR --version V [--run-file F] [--proxy-json FILE...] [--drain-timeout S (60)] [--vllm-venv DIR]
@@ -12,6 +12,13 @@ run file (default `<run dir>/vllm.json`); a run file naming a healthy server of 
 log is `<run dir>/vllm-<P>.log`. `--dtype float32` is what logprob verification needs; `--dev` opens vLLM's
 weight-reload endpoints, which `reload` uses. `stop` stops the run file's server (SIGKILL after --timeout) and removes
 the file. `status` prints the run file of a healthy server (exit 1 otherwise).
+`start --replicas N` starts a pool: N servers of the same spec side by side, each on its own port (free ones, or
+--port, --port+1, …) with its own log; on a GPU build each gets one CUDA device (CUDA_VISIBLE_DEVICES; `auto`: one
+per visible device). It waits for all of them; if one fails, the others are stopped and the error is that replica's
+log tail. The pool run file (at --run-file) lists every replica, each with its own run file beside it
+(vllm.json → vllm.r0.json, vllm.r1.json, …), and `start` prints the pool as one line: the comma-separated base URLs,
+what the gateway's polar_upstream (and polar-proxy --upstream) takes. `stop` stops every replica; `status` prints the
+pool with each replica's health (exit 1 unless all are healthy); `reload` publishes to every replica.
 `reload` publishes new weights (polar.launch.publish): it holds the proxies of the proxy run files (default: the run
 directory's proxy.json if present), reloads, probes, releases them with V and prints one JSON line (version, dir,
 seconds). Exit 0 done; 1 failed (the message says which weights are served); 2 bad input (one line).
@@ -36,14 +43,15 @@ def parser(prog: str) -> argparse.ArgumentParser:
     s = sub.add_parser("start", help="start a server and wait for /health")
     vllm.add_start_arguments(s)
 
-    t = sub.add_parser("stop", help="stop the server named in the run file")
+    t = sub.add_parser("stop", help="stop the server named in the run file (every replica of a pool)")
     t.add_argument("--run-file", default=default_run_file)
     t.add_argument("--timeout", type=float, default=30.0, help="seconds before SIGKILL (default 30)")
 
-    u = sub.add_parser("status", help="print the run file when its server is healthy (exit 1 otherwise)")
+    u = sub.add_parser("status", help="print the run file when its server is healthy, a pool's with each replica's "
+                                      "health (exit 1 otherwise)")
     u.add_argument("--run-file", default=default_run_file)
 
-    r = sub.add_parser("reload", help="publish new weights to the running dev-mode server")
+    r = sub.add_parser("reload", help="publish new weights to the running dev-mode server (every replica of a pool)")
     r.add_argument("--weights", required=True, help="model directory (config.json, *.safetensors) on this machine")
     r.add_argument("--version", required=True, help="the weight version records will carry from now on")
     r.add_argument("--run-file", default=default_run_file, help="the vLLM to reload (as for stop)")
@@ -56,8 +64,9 @@ def parser(prog: str) -> argparse.ArgumentParser:
 
 
 def cmd_start(args: argparse.Namespace, extra: list[str]) -> int:
-    info = vllm.start(vllm.StartSpec.from_namespace(args, extra))
-    print(info.base_url, flush=True)
+    spec = vllm.StartSpec.from_namespace(args, extra)
+    info = vllm.start(spec) if spec.replicas == 1 else vllm.start_pool(spec)
+    print(info.base_url, flush=True)  # a pool's: the comma-separated base URLs of its replicas
     return 0
 
 
@@ -67,6 +76,18 @@ def cmd_stop(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    pool = vllm.read_pool(args.run_file)
+    if pool is not None:
+        rows = vllm.replica_health(pool)
+        doc = pool.to_dict()
+        doc["replicas"] = [{**replica.to_dict(), "pid": info.pid if info else None, "healthy": ok,
+                            "weight_version": info.weight_version if info else None}
+                           for replica, info, ok in rows]
+        print(json.dumps(doc, indent=2))
+        bad = [replica.base_url for replica, _, ok in rows if not ok]
+        if bad:
+            vllm.say(f"{len(bad)} of {len(rows)} replicas not healthy: {', '.join(map(str, bad))}")
+        return 1 if bad else 0
     info = vllm.status(args.run_file)
     if info is None:
         vllm.say("not running")

@@ -46,6 +46,7 @@ class Call:
     n_tools: int = 0  # tools the upstream request offered (rule 9's first tie-break)
     weight_version: str | None = None  # the policy version that served the call (record field, docs/records.md)
     prompt_ascii: bool = False  # the record's prompt was ASCII ids (the gateway's fast path)
+    replica: str | None = None  # the backend replica that served the call (record field `replica`; nil before v4)
 
     @property
     def eligible(self) -> bool:
@@ -210,6 +211,8 @@ def to_call(r: dict, source_file: str, source_offset: int, ascii_prompts: AsciiP
         "stop_reason": None if r.get("stop_reason") is None else str(r.get("stop_reason")),
         "error": orjson.dumps(error, default=str).decode() if error is not None else None,
         **_trainer_columns(r, body),
+        "replica": _str_or_none(r.get("replica")),
+        "template_hash": _str_or_none(r.get("template_hash")),
         "messages": messages_json,
         "tools": tools_json,
         "assistant": orjson.dumps(assistant, default=str).decode() if assistant is not None else None,
@@ -223,4 +226,5 @@ def to_call(r: dict, source_file: str, source_offset: int, ascii_prompts: AsciiP
         constrained=row["constrained"], row=row, messages_json=messages_json, tools_json=tools_json,
         assistant=assistant, protocol=row["protocol"], n_tools=len(tools) if isinstance(tools, list) else 0,
         weight_version=row["weight_version"], prompt_ascii=isinstance(prompt_v, msgpack.ExtType),
+        replica=row["replica"],
     )

@@ -260,6 +260,7 @@ def render_overview(report: Report, seq_lengths: list[int], viewer=None, section
         _rewards_section(group_stats(viewer)),
         "<h2>Per protocol</h2>", _table(report.per_protocol, "protocol", total=True),
         "<h2>Per model</h2>", _table(report.per_model, "model_served", total=True),
+        "<h2>Per replica</h2>", _table(report.per_replica, "replica", total=True),
         _slot(sections),
         "<h2>Counts</h2>", _key_values(report),
         "<h2>Break causes</h2>", _table({k: {"count": v} for k, v in report.break_causes.items()}, "cause"),

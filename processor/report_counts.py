@@ -14,6 +14,9 @@ from polar.processor.report_doc import (REPORT_VERSION, Counts, Event, Inputs, R
                                         Tokens, TornTail)
 
 
+NO_REPLICA = "(not recorded)"  # records before v4, and calls refused before a replica was chosen
+
+
 def _table_row() -> dict:
     return {"calls": 0, "calls_without_completion": 0, "errors": 0, "prompt_tokens": 0, "completion_tokens": 0,
             "sequences": 0, "trainable_tokens": 0}
@@ -44,6 +47,7 @@ class ReportPartial:
     break_causes: Counter = field(default_factory=Counter)
     per_protocol: dict[str, dict] = field(default_factory=dict)
     per_model: dict[str, dict] = field(default_factory=dict)
+    per_replica: dict[str, dict] = field(default_factory=dict)  # by the record's `replica` ("(not recorded)": none)
     seq_lengths: list[int] = field(default_factory=list)
     session_ratios: list[tuple[str, int, int]] = field(default_factory=list)  # (session, calls, sequences)
     eot_ids_seen: list[int] = field(default_factory=list)  # watched end-of-turn ids found in the groups' tokens
@@ -73,7 +77,8 @@ class ReportPartial:
                 self.per_request_total += p + q
             else:
                 self.calls_without_completion += 1
-            for table, key in ((self.per_protocol, c.protocol), (self.per_model, c.model)):
+            for table, key in ((self.per_protocol, c.protocol), (self.per_model, c.model),
+                               (self.per_replica, c.replica or NO_REPLICA)):
                 row = table.setdefault(str(key), _table_row())
                 row["calls"] += 1
                 row["calls_without_completion"] += 0 if c.eligible else 1
@@ -83,6 +88,7 @@ class ReportPartial:
 
     def _count_sequences(self, session: str | None, calls: list[Call], res: GroupResult) -> None:
         protocol_of = {c.id: str(c.protocol) for c in calls}
+        replica_of = {c.id: c.replica or NO_REPLICA for c in calls}
         n_in = 0
         for s in res.sequences:
             self.sequences += 1
@@ -93,7 +99,8 @@ class ReportPartial:
             self.flags.update(s.flags)
             if s.break_cause:
                 self.break_causes[s.break_cause] += 1
-            for table, key in ((self.per_protocol, protocol_of[s.call_ids[0]]), (self.per_model, str(s.model))):
+            for table, key in ((self.per_protocol, protocol_of[s.call_ids[0]]), (self.per_model, str(s.model)),
+                               (self.per_replica, replica_of[s.call_ids[0]])):
                 row = table.setdefault(key, _table_row())
                 row["sequences"] += 1
                 row["trainable_tokens"] += s.n_trainable
@@ -121,6 +128,7 @@ class ReportPartial:
         self.break_causes.update(other.break_causes)
         _add_rows(self.per_protocol, other.per_protocol)
         _add_rows(self.per_model, other.per_model)
+        _add_rows(self.per_replica, other.per_replica)
         self.seq_lengths.extend(other.seq_lengths)
         self.session_ratios.extend(other.session_ratios)
         self.eot_ids_seen = sorted({*self.eot_ids_seen, *other.eot_ids_seen})
@@ -138,6 +146,7 @@ class ReportPartial:
             "flags": dict(self.flags), "break_causes": dict(self.break_causes),
             "per_protocol": {k: dict(row) for k, row in self.per_protocol.items()},
             "per_model": {k: dict(row) for k, row in self.per_model.items()},
+            "per_replica": {k: dict(row) for k, row in self.per_replica.items()},
             "seq_lengths": list(self.seq_lengths), "session_ratios": [list(x) for x in self.session_ratios],
             "eot_ids_seen": list(self.eot_ids_seen),
         }
@@ -156,6 +165,7 @@ class ReportPartial:
             flags=Counter(doc["flags"]), break_causes=Counter(doc["break_causes"]),
             per_protocol={k: dict(row) for k, row in doc["per_protocol"].items()},
             per_model={k: dict(row) for k, row in doc["per_model"].items()},
+            per_replica={k: dict(row) for k, row in doc.get("per_replica", {}).items()},  # older state: none
             seq_lengths=list(doc["seq_lengths"]), session_ratios=[tuple(x) for x in doc["session_ratios"]],
             eot_ids_seen=list(doc["eot_ids_seen"]),
         )
@@ -210,6 +220,7 @@ class ReportBuilder:
             rewards=RewardsJoin(joined=rewards.joined, missing=rewards.missing,
                                 unmatched_lines=rewards.unmatched_lines, unmatched_sessions=rewards.unmatched_sessions),
             warnings=list(warnings), eot=eot, per_protocol=t.per_protocol, per_model=t.per_model,
+            per_replica=t.per_replica,
             sessions=tuple(SessionRatio(session=s, calls=c, sequences=q, merge_ratio=c / q)
                            for s, c, q in t.session_ratios),
             options=options, outputs=outputs, seconds=round(seconds, 3),

@@ -152,7 +152,7 @@ class SessionRatio(_Record):
 @dataclass(frozen=True)
 class Report(_Record):
     """report.json. `merge_ratio`: calls in sequences ÷ sequences (None without sequences); `per_protocol` and
-    `per_model`: rows of counts that add up to the totals; `eot`: each model's end-of-turn ids and their source;
+    `per_model`, `per_replica` (by the serving replica's base URL): rows of counts that add up to the totals; `eot`: each model's end-of-turn ids and their source;
     `engine`: the engine's facts; `incremental`: what --incremental reused; `verify`: polar-verify's summary."""
 
     NESTED: ClassVar[dict[str, type]] = {"inputs": Inputs, "counts": Counts, "tokens": Tokens, "breaks": Event,
@@ -181,6 +181,7 @@ class Report(_Record):
     engine: dict[str, Any] | None = None
     incremental: dict[str, Any] | None = None
     verify: dict[str, Any] | None = None
+    per_replica: dict[str, dict[str, int]] = field(default_factory=dict)  # absent from older report.json: {}
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -40,8 +40,8 @@ CALLS_SCHEMA: dict[str, pl.DataType] = {
     "t_start": pl.Float64, "t_first_byte": pl.Float64, "t_end": pl.Float64, "prompt_tokens": pl.Int32,
     "completion_tokens": pl.Int32, "n_tool_calls": pl.Int32, "finish_reason": pl.Utf8, "stop_reason": pl.Utf8,
     "error": pl.Utf8, "temperature": pl.Float64, "top_p": pl.Float64, "top_k": pl.Int32, "logprobs_mode": pl.Utf8,
-    "weight_version": pl.Utf8, "constrained": pl.Boolean, "messages": pl.Utf8, "tools": pl.Utf8, "assistant": pl.Utf8,
-    "sequence_id": pl.Utf8,
+    "weight_version": pl.Utf8, "constrained": pl.Boolean, "replica": pl.Utf8, "template_hash": pl.Utf8,
+    "messages": pl.Utf8, "tools": pl.Utf8, "assistant": pl.Utf8, "sequence_id": pl.Utf8,
     "chain_id": pl.Utf8, "source_file": pl.Utf8, "source_offset": pl.Int64,
 }
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 
 import msgpack
 
-VERSION = 3
+VERSION = 4
 
 # the fields that may hold ASCII ids (the prompt: the one array the gateway only stores)
 ASCII_ID_FIELDS = ("prompt_token_ids", "prompt_tail_ids")
@@ -63,6 +63,10 @@ FIELDS = (
     # base URL set to the gateway); nil in older records, which all came through the proxy
     "connect",
     # v3 adds no field: prompt_token_ids and prompt_tail_ids may be ASCII ids (ASCII_IDS)
+    # v4, the replica pool: the base URL of the replica that served the call; every replica tried, in order, when a
+    # failure before the first byte moved the call (else nil); the hash of the serving backend's render of a fixed
+    # conversation (which chat template and tokenizer made the prompt); nil in older records
+    "replica", "replicas_tried", "template_hash",
 )
 
 # Headers whose values never reach disk or the backend.

@@ -57,7 +57,8 @@ def parser() -> argparse.ArgumentParser:
                         "add polar_other_hosts=refuse)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--upstream", metavar="URL",
-                     help="OpenAI /v1 base URL of vLLM or SGLang: the runner starts its own proxy, flows in RUN/flows")
+                     help="OpenAI /v1 base URL of vLLM or SGLang (a pool of replicas: several comma-separated, or "
+                          "@FILE): the runner starts its own proxy, flows in RUN/flows")
     src.add_argument("--proxy-json", metavar="FILE",
                      help="a running proxy's run file (polar-proxy start) (default: the run dir's proxy.json if "
                           "present, else --upstream from its vllm.json; the run dir: $POLAR_RUN_DIR, else the "

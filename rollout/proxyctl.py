@@ -11,7 +11,7 @@ from pathlib import Path
 
 from polar.launch import ca, paths, runfiles
 from polar.launch import proxy as launch_proxy
-from polar.launch.runfiles import ProxyRunFile, RunFileError, VllmRunFile
+from polar.launch.runfiles import ProxyRunFile, RunFileError, read_vllm
 from polar.rollout.common import UsageError
 from polar.rollout.procs import is_our_proxy, stop_process_group
 
@@ -98,7 +98,7 @@ def attach(o, run_dir: Path) -> tuple[Proxy, str | None]:
             proxy_json = str(default)
         elif vllm.is_file():
             with contextlib.suppress(RunFileError, AttributeError):
-                upstream = VllmRunFile.read(vllm).base_url
+                upstream = read_vllm(vllm).base_url  # a pool's: its replicas' comma-separated base URLs
         if not upstream and not proxy_json:
             raise UsageError("no model backend: pass --upstream URL (an OpenAI /v1 base URL of vLLM or SGLang; "
                              "the runner starts its proxy) or --proxy-json FILE (a running polar-proxy)")

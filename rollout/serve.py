@@ -387,7 +387,8 @@ def parser() -> argparse.ArgumentParser:
                "asked to end (DIR/stop, SIGTERM, SIGINT, --parent-pid gone); 1 the proxy died; 2 bad input or "
                "preflight refused.")
     p.add_argument("dir", metavar="DIR", help="the serve's directory (made if absent)")
-    p.add_argument("--upstream", metavar="URL", help="OpenAI /v1 base URL of vLLM or SGLang (required)")
+    p.add_argument("--upstream", metavar="URL", help="OpenAI /v1 base URL of vLLM or SGLang, or a pool of "
+                                                     "replicas as comma-separated URLs or @FILE (required)")
     p.add_argument("--proxy-set", action="append", default=[], metavar="NAME=VALUE",
                    help="addon option for the serve's proxy, repeatable (default: none; sandboxed serves add "
                         "polar_other_hosts=refuse)")

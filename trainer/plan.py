@@ -79,7 +79,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rollout-opt", action="append", default=[], metavar="ARG",
                    help="argument passed to polar-rollout, repeatable, e.g. --rollout-opt=--sandbox=none")
     p.add_argument("--vllm-run-file", default=None, metavar="F",
-                   help="a running dev-mode vLLM serving --model (default: polar-train starts one)")
+                   help="a running dev-mode vLLM serving --model, or the run file of a pool of them (polar-vllm "
+                        "start --dev --replicas N: the rollouts use every replica, each step publishes to all) "
+                        "(default: polar-train starts one)")
     p.add_argument("--max-staleness", type=int, default=0, metavar="N",
                    help="0: each step's rollout starts once the previous step has published (synchronous); N ≥ 1: "
                         "a step's rollout starts as soon as the previous step's is in, and runs while that step "

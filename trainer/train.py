@@ -35,10 +35,11 @@ request, which would make the K samples of a prompt identical (no spread), and p
 Without `--lr` the learning rate (and the updates per batch) is picked from the model's parameter count
 (`default_lr`), printed first and recorded in RUN/train.json (`lr_source`).
 
-The vLLM: `--vllm-run-file F` names a running dev-mode server (`polar-vllm start --dev`) that serves `--model`;
-without it polar-train starts one (`--dtype`, dev mode; `polar.launch.vllm`) with its run file RUN/vllm.json and
-stops it at the end. polar-rollout is `--rollout-cmd`, else $POLAR_ROLLOUT, else polar-rollout on PATH, else the
-checkout's .venv/bin/polar-rollout.
+The vLLM: `--vllm-run-file F` names a running dev-mode server (`polar-vllm start --dev`) that serves `--model`, or
+a pool of them (`--replicas N`: the rollout's proxy gets every replica's base URL, and each step publishes to every
+replica with the proxies held once); without it polar-train starts one (`--dtype`, dev mode; `polar.launch.vllm`)
+with its run file RUN/vllm.json and stops it at the end. polar-rollout is `--rollout-cmd`, else $POLAR_ROLLOUT, else
+polar-rollout on PATH, else the checkout's .venv/bin/polar-rollout.
 `--resume` continues a RUN: the steps in train.jsonl stay, the model, the optimizer and the RNGs go to the last
 checkpoint's, the server serves it, and an unfinished step's rollout continues (`polar-rollout --resume`: finished
 samples are kept). A step killed after its checkpoint was written (before its line, or during publication) is
@@ -63,7 +64,7 @@ from pathlib import Path
 from polar.launch import paths
 from polar.launch import publish as publishing
 from polar.launch import vllm as launch_vllm
-from polar.launch.runfiles import VllmRunFile
+from polar.launch.runfiles import VllmPoolRunFile, VllmRunFile
 from polar.processor.report_doc import read_report
 from polar.trainer import has_trainer_env, needs_trainer_env
 from polar.trainer.plan import (BadInput, Plan, StageFailed, check_args, count_params, default_lr,  # noqa: F401
@@ -101,17 +102,21 @@ def _first_line(exc: Exception) -> str:
     return (str(exc).strip().splitlines() or ["no message"])[0]
 
 
-def server_info(run_file: str) -> VllmRunFile:
-    info = launch_vllm.read_run_file(run_file)
+def server_info(run_file: str) -> VllmRunFile | VllmPoolRunFile:
+    """The run file of the server, or of the pool of replicas (`polar-vllm start --replicas N`)."""
+    info = launch_vllm.read_any(run_file)
     if info is None:
         raise StageFailed(0, "vllm", f"{run_file}: no vLLM run file")
     return info
 
 
 def start_server(plan: Plan, run: Path) -> tuple[str, bool]:
-    """(run file, started by us): the server named by --vllm-run-file, or a new dev-mode one."""
+    """(run file, started by us): the server (or pool) named by --vllm-run-file, or a new dev-mode one."""
     if plan.vllm_run_file:
-        info = launch_vllm.read_run_file(plan.vllm_run_file)
+        info = launch_vllm.read_any(plan.vllm_run_file)
+        if isinstance(info, VllmPoolRunFile):  # every replica reloads: each must be in dev mode
+            replicas = launch_vllm.replica_infos(info)
+            info = None if any(r is None or not r.dev for r in replicas) else info
         if info is None or not info.dev:
             raise BadInput(f"--vllm-run-file {plan.vllm_run_file}: that server is not in dev mode "
                            f"({launch_vllm.command()} start --dev): it cannot reload weights")
@@ -130,6 +135,7 @@ def start_server(plan: Plan, run: Path) -> tuple[str, bool]:
 
 
 def base_url(run_file: str) -> str:
+    """The server's base URL; a pool's replicas as one comma-separated list (what the gateway's upstream takes)."""
     return server_info(run_file).base_url
 
 

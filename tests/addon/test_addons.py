@@ -26,7 +26,7 @@ HOOKS = {
     "ProxyOptions": {"configure"},
     "Loopback": {"load", "configure", "running"},
     "Servers": {"running", "done"},
-    "Backends": {"done"},
+    "Backends": {"running", "done"},  # running: the pool's health watcher
     "FlowFiles": {"done"},
     "TlsFilter": {"tls_clienthello"},
     "Sessions": {"http_connect", "tls_failed_client", "client_disconnected"},

@@ -192,7 +192,7 @@ def test_1_7_each_call_shows_the_messages_new_since_its_chains_previous_call():
 
 REPORT_KEYS = {"version", "mode", "inputs", "counts", "merge_ratio", "tokens", "breaks", "break_causes", "flags",
                "flag_events", "rewards", "warnings", "eot", "per_protocol", "per_model", "sessions", "options",
-               "outputs", "seconds", "tokens_per_second", "engine"}
+               "outputs", "seconds", "tokens_per_second", "engine", "per_replica"}
 
 
 def test_2_1_report_json_keeps_its_keys_and_vocab_never_changes_the_end_of_turn_set(dump, plain, tmp_path,

@@ -57,6 +57,11 @@ BAD_VALUES: list[tuple[str, list[str]]] = [
     ("polar_control_token", ["polar_control_token=/dev/null/control-token"]),  # cannot be created
     ("polar_hold_timeout", ["polar_hold_timeout=soon"]),
     ("polar_hold_timeout", ["polar_hold_timeout=0"]),
+    ("polar_upstream", ["polar_upstream=http://127.0.0.1:9/v1,127.0.0.1:10/v1"]),  # one bad replica of two
+    ("polar_upstream", ["polar_upstream=http://127.0.0.1:9/v1,http://127.0.0.1:9/v1"]),  # listed twice
+    ("polar_upstream", ["polar_upstream=@/dev/null/replicas.txt"]),
+    ("polar_replica_policy", ["polar_replica_policy=random"]),
+    ("polar_replica_max_inflight", ["polar_replica_max_inflight=1.5"]),
 ]
 
 

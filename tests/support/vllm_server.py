@@ -7,6 +7,11 @@ the same server afterwards; every server it started is stopped when the process 
 `start_vllm(...)` starts a private server (e.g. another logprobs mode) that the caller stops.
 `shared_extra_eos_vllm()` is the tiny model with extra end-of-turn ids (a random model then ends its turns after ~8
 tokens), started once per process for every test module that drives real CLIs against real vLLM.
+`shared_vllm_pool(n=2)` is a pool of `n` tiny replicas in dev mode (ONE `scripts/vllm start --model tiny --replicas n` per
+process, stopped at exit), as a list of `VllmServer`, one per replica (each `run_file` is that replica's own, so a
+test may stop one replica to see the gateway eject it: the next caller then gets a fresh pool only if the test calls
+`forget_shared_vllm_pool`); `shared_vllm_pool_run_file(n)` is the pool's run file. Its comma-separated base URLs,
+`",".join(s.base_url for s in pool)`, are what the gateway's polar_upstream takes.
 
 Without `.venv-vllm` or the built models the calling test fails under CI=true (CI installs both) and is skipped
 elsewhere with the command that fixes it (`require`, tests/support/need.py); a server that fails to start is an
@@ -173,3 +178,68 @@ def shared_extra_eos_vllm() -> tuple[VllmServer, str]:
             atexit.register(shutil.rmtree, gen, True)
             _extra_eos.append((server, gen))
         return _extra_eos[0]
+
+
+# A pool of replicas (polar-vllm start --replicas N): started side by side, on CPU they share the cores.
+_pools: dict[int, tuple[list[VllmServer], str]] = {}
+
+
+def start_vllm_pool(model: str = "tiny", n: int = 2, *, dtype: str = "bfloat16",
+                    dev: bool = False) -> tuple[list[VllmServer], str]:
+    """Start a private pool through scripts/vllm: (one VllmServer per replica, the pool's run file), which the
+    caller stops (`stop_vllm_pool`)."""
+    require(model)
+    run_file = os.path.join(tempfile.mkdtemp(prefix=f"vllm-test-pool-{model}-", dir=_run_dir()), "vllm.json")
+    cmd = [sys.executable, SCRIPT, "start", "--model", model, "--replicas", str(n), "--run-file", run_file,
+           "--timeout", str(START_TIMEOUT_S), "--dtype", dtype, *(["--dev"] if dev else [])]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=START_TIMEOUT_S + 60)
+    if proc.returncode != 0:
+        pytest.fail(f"scripts/vllm start --model {model} --replicas {n} failed (exit {proc.returncode}):\n"
+                    f"{proc.stderr[-4000:]}", pytrace=False)
+    from polar.launch.vllm import read_pool
+
+    pool = read_pool(run_file)
+    servers = []
+    for replica in pool.replicas:
+        info = read_run_file(replica.run_file)
+        servers.append(VllmServer(base_url=info.base_url, model=info.model, max_model_len=info.max_model_len,
+                                  logprobs_mode=info.logprobs_mode, run_file=replica.run_file))
+    return servers, run_file
+
+
+def stop_vllm_pool(run_file: str) -> None:
+    """Stop every replica of a pool this process started, and remove its run files' folder."""
+    import shutil
+
+    subprocess.run([sys.executable, SCRIPT, "stop", "--run-file", run_file], capture_output=True, timeout=120)
+    shutil.rmtree(os.path.dirname(run_file), ignore_errors=True)
+
+
+def shared_vllm_pool(n: int = 2) -> list[VllmServer]:
+    """The process's pool of `n` tiny replicas, started on first use, stopped at process exit."""
+    key = f"pool-{n}"
+    with _lock:
+        if n in _pools:
+            return _pools[n][0]
+        if key in _failed:  # do not pay a second start timeout for the same broken setup
+            pytest.fail(_failed[key], pytrace=False)
+        try:
+            servers, run_file = start_vllm_pool("tiny", n, dev=True)  # dev: the pool tests publish to it
+        except pytest.fail.Exception as e:
+            _failed[key] = str(e)
+            raise
+        atexit.register(stop_vllm_pool, run_file)
+        _pools[n] = (servers, run_file)
+        return servers
+
+
+def shared_vllm_pool_run_file(n: int = 2) -> str:
+    """The run file of `shared_vllm_pool(n)` (started if it is not yet)."""
+    shared_vllm_pool(n)
+    return _pools[n][1]
+
+
+def forget_shared_vllm_pool(n: int = 2) -> None:
+    """After a test stopped the shared pool (or one of its replicas): the next `shared_vllm_pool(n)` starts anew."""
+    with _lock:
+        _pools.pop(n, None)
