@@ -106,6 +106,9 @@ class AsciiPrompts:
                     break
         if arr is None:
             arr = ascii_ids_array(ext)
+        # one copy per prompt: the int32 bytes the merge compares (Call.prompt_bytes), the array a view on them
+        if not isinstance(arr.base, bytes):
+            arr = np.frombuffer(arr.tobytes(), "<i4")
         self.seen.append((digits, arr))
         return arr
 
@@ -182,7 +185,13 @@ def to_call(r: dict, source_file: str, source_offset: int, ascii_prompts: AsciiP
         completion = ids_view(comp_b)
     except ValueError as exc:
         raise InputError(f"{source_file} offset {source_offset}: {exc}") from exc
-    prompt_b = prompt_v if isinstance(prompt_v, bytes) or prompt is None else prompt.tobytes()
+    if isinstance(prompt_v, bytes) or prompt is None:
+        prompt_b = prompt_v
+    elif isinstance(prompt.base, bytes) and len(prompt.base) == prompt.nbytes:  # AsciiPrompts' array: on its bytes
+        prompt_b = prompt.base
+    else:  # decoded ASCII ids: keep one copy, the bytes the merge compares, and view the array on them
+        prompt_b = prompt.tobytes()
+        prompt = np.frombuffer(prompt_b, "<i4")
     logprobs = floats_view(r.get("completion_logprobs") if isinstance(r.get("completion_logprobs"), bytes) else None)
     if logprobs is not None and (completion is None or len(logprobs) != len(completion)):
         logprobs = None  # one logprob per generated token, or none at all
