@@ -243,3 +243,22 @@ def test_4_1_an_updated_list_keeps_the_replicas_that_stay_and_checks_new_ones():
         await pool.close()
 
     asyncio.run(scenario())
+
+
+def test_4_2_an_upstream_file_is_re_read_when_it_changes(tmp_path):
+    async def scenario():
+        listing = tmp_path / "replicas.txt"
+        listing.write_text(f"# the pool\n{URLS[0]}\n\n{URLS[1]}\n")
+        pool, backends = make_pool(URLS[:2], source=str(listing))
+        await pool.check()
+        await pool._probe_round()  # unchanged: the same replicas
+        assert [r.url for r in pool.replicas] == URLS[:2]
+        listing.write_text(f"{URLS[1]}\n{URLS[2]}  # a new one\n")
+        await pool._probe_round()  # re-read, then the new replica probed and checked
+        assert [r.url for r in pool.replicas] == [URLS[1], URLS[2]] and all(r.healthy for r in pool.replicas)
+        listing.write_text("# nothing left\n")  # a broken listing keeps the replicas as they were
+        await pool._probe_round()
+        assert [r.url for r in pool.replicas] == [URLS[1], URLS[2]]
+        await pool.close()
+
+    asyncio.run(scenario())
