@@ -414,6 +414,7 @@ class Call:
 
     async def _relay(self, chunks, reader: StreamReader, info: BackendInfo, deadline: float) -> int:
         stream = self.plan.stream
+        replica = self.replica
         first = True
         sent_head = True  # until the first chunk: nothing to send
         while not reader.done:
@@ -423,6 +424,7 @@ class Call:
                 data = await asyncio.wait_for(chunks.__anext__(), timeout)
             except StopAsyncIteration:
                 break
+            replica.last_data = time.monotonic()  # evidence of life for the pool's probe (pool._probe_failed)
             deltas = reader.feed(data)
             pending: list[bytes] = []
             if first and reader.chunks:

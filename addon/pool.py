@@ -40,9 +40,11 @@ from .options import read_upstream_file
 log = logging.getLogger("polar.pool")
 
 PROBE_INTERVAL_S = 1.0  # healthy replicas: one cheap GET each per interval
-PROBE_TIMEOUT_S = 3.0  # a probe not answered within this has failed
-# A refused connection ejects at once; a probe that times out or answers 5xx only this many times in a row (a CPU
-# replica busy with a long prefill can be slow to answer even a GET: measured above 2 s with two replicas on 2 cores).
+PROBE_TIMEOUT_S = 5.0  # a probe not answered within this has failed
+# A refused connection ejects at once; a probe that times out or answers 5xx only this many times in a row, and only
+# while no call of the replica received a byte meanwhile (a starved CPU replica answers a GET late but still streams:
+# measured over 3 s per GET with two replicas, six agents and a publication's checks on 2 cores), and never while
+# held (a publication pauses and reloads replicas; the release checks them all). A stopped replica is out in ~20 s.
 PROBE_FAILURES_TO_EJECT = 3
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
@@ -90,6 +92,7 @@ class Replica:
         self.next_probe = 0.0
         self.identity: Identity | None = None
         self.probe_failures = 0  # periodic probes failed in a row
+        self.last_data = 0.0  # monotonic time a call last received bytes from it (evidence of life between probes)
         self.cuts: set[Callable[[], None]] = set()  # in-flight calls' backend connections, cut on ejection
 
     def state(self) -> dict:
@@ -205,17 +208,22 @@ class Pool:
             results = await asyncio.gather(*(self._identity(r) for r in targets), return_exceptions=True)
             answered = set()
             for r, result in zip(targets, results):
-                if isinstance(result, BaseException):
+                if not isinstance(result, BaseException):
+                    answered.add(r)
+                elif r.healthy and r.verified and not isinstance(result, httpx.ConnectError):
+                    # checked before (a release's re-check): one slow answer is a failed probe, not an ejection; it
+                    # keeps serving, judged when a probe next hears from it
+                    self._probe_failed(r, result, float("inf"))
+                else:
                     r.identity = None
                     self.eject(r, f"probe failed: {_reason(result)}")
-                else:
-                    answered.add(r)
-            self._judge(answered)
+            self._judge(answered, only=answered)
             if self._verified is not None:
                 self._verified.set()
 
-    def _judge(self, answered: set[Replica] = frozenset()) -> None:
-        """Every replica in service or just probed with success (`answered`) against the pool's identity."""
+    def _judge(self, answered: set[Replica] = frozenset(), only: set[Replica] | None = None) -> None:
+        """Every replica in service or just probed with success (`answered`) against the pool's identity; with
+        `only`, the vote counts every known replica but only those are ejected or admitted."""
         known = [r for r in self.replicas if r.identity is not None and (r.healthy or r in answered)]
         if not known:
             return
@@ -234,6 +242,8 @@ class Pool:
             log.info("polar pool: serving %s", pool)
         self.identity = pool
         for r in known:
+            if only is not None and r not in only:
+                continue
             diff = r.identity.differences(pool)
             if diff:
                 if r.healthy:
@@ -271,21 +281,33 @@ class Pool:
                     r.backoff = min(r.backoff * 2, BACKOFF_MAX_S)
                     r.next_probe = time.monotonic() + r.backoff
         live = [r for r in self.replicas if r.healthy]
+        sent = time.monotonic()
         results = await asyncio.gather(*(self._alive(r) for r in live), return_exceptions=True)
-        changed = False
+        changed, answered = False, set()
         for r, result in zip(live, results):
             if isinstance(result, BaseException):
-                r.probe_failures += 1
-                if isinstance(result, httpx.ConnectError) or r.probe_failures >= PROBE_FAILURES_TO_EJECT:
-                    self.eject(r, f"probe failed: {_reason(result)}" + (
-                        f" ({r.probe_failures} in a row)" if r.probe_failures > 1 else ""))
+                self._probe_failed(r, result, sent)
                 continue
             r.probe_failures = 0
+            answered.add(r)
             if r.identity is not None and result != r.identity.weight_version:
                 r.identity = Identity(r.identity.kind, r.identity.model, result, r.identity.template_hash)
                 changed = True
         if changed and not self.held():
-            self._judge()
+            self._judge(only=answered)  # a replica whose probe failed is not judged on what it said before
+
+    def _probe_failed(self, r: Replica, exc: BaseException, sent: float) -> None:
+        """A failed probe of a replica in service: refused → out; else counted, unless held or a call of the replica
+        received bytes since the probe was sent."""
+        if isinstance(exc, httpx.ConnectError):
+            self.eject(r, f"probe failed: {_reason(exc)}")
+            return
+        if self.held() or r.last_data >= sent:
+            r.probe_failures = 0
+            return
+        r.probe_failures += 1
+        if r.probe_failures >= PROBE_FAILURES_TO_EJECT:
+            self.eject(r, f"probe failed: {_reason(exc)} ({r.probe_failures} in a row)")
 
     async def _alive(self, r: Replica) -> str | None:
         """One cheap probe: the served weight version for vLLM (any answer of the server will do), else /models."""

@@ -66,6 +66,10 @@ class _Resp:
         return self.doc
 
 
+async def _slow_info():
+    raise httpx.ReadTimeout("")
+
+
 def make_pool(urls=URLS, **kwargs) -> tuple[Pool, dict[str, FakeBackend]]:
     backends: dict[str, FakeBackend] = {}
 
@@ -168,7 +172,16 @@ def test_2_2_a_refused_probe_ejects_at_once_a_slow_one_after_three_in_a_row_and_
         backends[URLS[0]].down = False
         r.next_probe = 0
         await pool._probe_round()
-        assert r.healthy and r.reason is None and r.ejections == 2
+        assert r.healthy
+        backends[URLS[0]].down = "slow"  # slow probes, but its calls still receive bytes: alive
+        for _ in range(5):
+            r.last_data = float("inf")
+            await pool._probe_round()
+        assert r.healthy and r.probe_failures == 0
+        backends[URLS[0]].down = False
+        r.next_probe = 0
+        await pool._probe_round()
+        assert r.healthy and r.reason is None and r.ejections == 2  # the two ejections above
 
     asyncio.run(scenario())
 
@@ -213,15 +226,27 @@ def test_3_2_a_released_version_wins_over_the_majority_and_a_probe_sees_a_replic
     asyncio.run(scenario())
 
 
-def test_3_3_no_judging_while_held():
+def test_3_3_no_judging_and_no_ejection_for_slow_probes_while_held():
     async def scenario():
-        held = [False]
-        pool, backends = make_pool(URLS[:2], held=lambda: held[0])
+        held, released = [False], [None]
+        pool, backends = make_pool(URLS[:2], held=lambda: held[0], released_version=lambda: released[0])
         await pool.check()
         held[0] = True
         backends[URLS[0]].version = "2"  # mid-publication: replicas reload one after another
-        await pool._probe_round()
+        backends[URLS[1]].down = "slow"  # paused by the publication
+        for _ in range(4):
+            await pool._probe_round()
         assert all(r.healthy for r in pool.replicas)
+        held[0], released[0] = False, "2"
+        backends[URLS[1]].version = "2"
+        slow = backends[URLS[1]].info
+        backends[URLS[1]].info = _slow_info  # the release's re-check: replica 1 does not answer in time
+        await pool.after_release()
+        assert all(r.healthy for r in pool.replicas) and pool.identity.weight_version == "2"
+        assert pool.replicas[1].probe_failures == 1  # counted, not ejected: it was verified before
+        backends[URLS[1]].info, backends[URLS[1]].down = slow, False
+        await pool._probe_round()  # it answers "2": judged, agrees
+        assert all(r.healthy for r in pool.replicas) and pool.replicas[1].probe_failures == 0
 
     asyncio.run(scenario())
 
