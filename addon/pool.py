@@ -78,7 +78,7 @@ def rendezvous_rank(session: str, urls: Iterable[str]) -> list[str]:
 class Replica:
     """One backend replica: its client, load and health."""
 
-    def __init__(self, url: str, backend: Backend, index: int):
+    def __init__(self, backend: Backend, index: int):
         self.url = backend.base_url
         self.backend = backend
         self.index = index  # its place in polar_upstream (ties go to the earliest)
@@ -116,7 +116,7 @@ class Pool:
         self._source_stamp = _stamp(source) if source else None
         self.released_version = released_version
         self.held = held
-        self.replicas = [Replica(url, make_backend(url), i) for i, url in enumerate(urls)]
+        self.replicas = [Replica(make_backend(url), i) for i, url in enumerate(urls)]
         self.spills = 0
         self.retries = 0
         self._rr = 0
@@ -348,7 +348,7 @@ class Pool:
         for i, url in enumerate(urls):
             r = by_url.pop(url.rstrip("/"), None)
             if r is None:
-                r = Replica(url, self.make_backend(url), i)
+                r = Replica(self.make_backend(url), i)
                 r.healthy, r.reason, r.next_probe = False, "new: not probed yet", 0.0
             r.index = i
             fresh.append(r)

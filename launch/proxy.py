@@ -169,15 +169,15 @@ def upstream_urls(upstream: str) -> tuple[list[str], str | None]:
     ignored) that must exist and list at least one. Every URL is http(s) and ends in /v1; a URL listed twice is
     refused (the gateway would count one replica twice)."""
     if upstream.startswith("@"):
+        from polar.addon.options import read_upstream_file  # the gateway's own reading of the file (no mitmproxy)
+
         path = upstream[1:]
         try:
-            text = Path(path).read_text(encoding="utf-8")
-        except OSError as exc:
-            return [], f"--upstream @{path}: cannot read the replica list ({exc.strerror or exc}); pass @FILE of an " \
-                       f"existing file with one base URL per line"
-        urls = [line.split("#", 1)[0].strip() for line in text.splitlines()]
-        urls = [u for u in urls if u]
-        if not urls:
+            urls = read_upstream_file(path)
+        except (OSError, UnicodeDecodeError) as exc:
+            return [], f"--upstream @{path}: cannot read the replica list ({getattr(exc, 'strerror', None) or exc}); " \
+                       f"pass @FILE of an existing file with one base URL per line"
+        except ValueError:
             return [], f"--upstream @{path}: the file lists no base URL; write one per line (e.g. " \
                        f"http://127.0.0.1:8000/v1)"
         where = f"every line of --upstream @{path}"

@@ -121,20 +121,11 @@ def cpu_build(venv: Path) -> Path:
     return venv
 
 
-@pytest.fixture
-def pools():
-    """Stops, at the end, every pool (or server) of the run files a test appends."""
-    run_files: list[Path] = []
-    yield run_files
-    for rf in run_files:
-        vllm.stop(rf, timeout=5, log=vllm.quiet)
-
-
-def test_3_1_a_cpu_pool_starts_side_by_side_reports_reuses_and_stops(tmp_path, fake_venv, pools):
+def test_3_1_a_cpu_pool_starts_side_by_side_reports_reuses_and_stops(tmp_path, fake_venv, servers):
     cpu_build(fake_venv)
     weights = model_dir(tmp_path)
     rf = tmp_path / "run" / "vllm.json"
-    pools.append(rf)
+    servers.append(rf)
     spec = vllm.StartSpec(model=str(weights), dev=True, run_file=rf, vllm_venv=str(fake_venv), timeout=60,
                           replicas=3)
     said: list[str] = []
@@ -166,10 +157,10 @@ def test_3_1_a_cpu_pool_starts_side_by_side_reports_reuses_and_stops(tmp_path, f
     assert not any(replica_run_file(rf, i).exists() for i in range(3)) and vllm.status(rf) is None
 
 
-def test_3_2_a_gpu_pool_gives_each_replica_its_own_device(tmp_path, fake_venv, pools, monkeypatch):
+def test_3_2_a_gpu_pool_gives_each_replica_its_own_device(tmp_path, fake_venv, servers, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     rf = tmp_path / "vllm.json"
-    pools.append(rf)
+    servers.append(rf)
     spec = vllm.StartSpec(model=str(model_dir(tmp_path)), run_file=rf, vllm_venv=str(fake_venv), timeout=60,
                           replicas=2)
     pool = vllm.start_pool(spec, log=vllm.quiet)
