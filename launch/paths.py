@@ -71,6 +71,15 @@ def npm_dir(given: str | None = None) -> Path | None:
     return root / ".cache" / "npm" if root else None
 
 
+def images_dir() -> Path:
+    """Image exports and the sandbox runtime (rollout/environments.py, rollout/runtime.py): $POLAR_IMAGES_DIR, else the
+    checkout's .cache/images, else ~/.cache/polar/images."""
+    if os.environ.get("POLAR_IMAGES_DIR"):
+        return Path(os.environ["POLAR_IMAGES_DIR"]).expanduser()
+    root = checkout_root()
+    return root / ".cache" / "images" if root else _user_cache() / "images"
+
+
 def flows_dir() -> Path:
     """The proxy's default flow directory: the checkout's flows/, else ./flows."""
     root = checkout_root()

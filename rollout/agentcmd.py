@@ -1,10 +1,17 @@
 """The agent's command line in its sandbox: argv, environment and mounts, for a CLI agent (rollout/agents.py) or a
-python: agent (polar.rollout.pyagent with the runner's venv), boxed or on the host (--sandbox none)."""
+python: agent (polar.rollout.pyagent with the runner's venv), boxed or on the host (--sandbox none).
+
+In an image (the task's TaskEnv is in image mode, rollout/environments.py) nothing of the host's system is there:
+the agent runs on the sandbox runtime (rollout/runtime.py, at /run/polar/rt) — a python: agent on its venv view with
+the runner's site-packages mounted in it and its modules copied to /run/polar/lib, a CLI on its node with the npm
+prefix at /run/polar/npm. The environment starts from the image's Env (its PATH is the agent's), then the task's
+`[environment] env`, then ours."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from polar.rollout import agents as agentlib
 from polar.rollout.relay import CONNECT_VAR, RELAY_ADDRESS
@@ -18,8 +25,39 @@ IN_AGENT_DIR = "/opt/polar/agent"
 IN_NPM = "/opt/polar/npm"
 IN_TESTS = "/tests"
 IN_VERIFIER = "/logs/verifier"
+RUNTIME_INSIDE = "/run/polar/rt"  # rollout/runtime.py's INSIDE
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# image mode: under the control directory, which every image has (the sandbox makes the mount points there)
+IMAGE_LIB = "/run/polar/lib"
+IMAGE_NPM = "/run/polar/npm"
+IMAGE_AGENT_DIR = "/run/polar/agent"
+AGENT_MODULES = ("pyagent.py", "sdk_agent.py")
 
+
+class AgentLaunch(NamedTuple):
+    argv: list[str]
+    env: dict[str, str]
+    mounts: tuple
+    control_files: tuple[tuple[str, Path], ...] = ()  # (path under /run/polar, host file): image mode
+
+
+def base_env(ctx: SampleContext, job: SampleJob) -> dict[str, str]:
+    """The start of a boxed process's environment: the image's Env (image mode) or ours, then the task's env."""
+    tenv = task_env(ctx, job)
+    if tenv is not None and tenv.image_mode:
+        env = dict(tenv.env)
+        env.setdefault("PATH", SANDBOX_PATH)
+        env.setdefault("LANG", "C.UTF-8")
+    else:
+        env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+    env.update(job.task.env or {})
+    return env
+
+
+def task_env(ctx: SampleContext, job: SampleJob):
+    """The task's TaskEnv (rollout/environments.py), or None (the host view: no environment phase ran)."""
+    envs = getattr(ctx, "envs", None) or {}
+    return envs.get(job.task.id)
 
 def host_env() -> dict[str, str]:
     """--sandbox none: the runner's environment minus what would move the agent off the proxy or out of its HOME."""
@@ -30,14 +68,19 @@ def host_env() -> dict[str, str]:
 
 
 def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, home: Path,
-                  instruction: str) -> tuple[list[str], dict[str, str], tuple]:
-    """(argv, env, mounts) of the agent in the sample's sandbox."""
+                  instruction: str) -> AgentLaunch:
+    """(argv, env, mounts, control files) of the agent in the sample's sandbox."""
     from polar.rollout import sandbox as sb
 
     boxed = ctx.sandbox != "none"
+    tenv = task_env(ctx, job)
+    if boxed and tenv is not None and tenv.image_mode and not job.canary:
+        return image_agent_command(ctx, job, session, home, instruction, tenv)
     home_in = sb.HOME if boxed else str(home)
     ca_pem, bundle = f"{home_in}/.polar/ca.pem", f"{home_in}/.polar/ca-bundle.pem"
     env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"} if boxed else host_env()
+    if not job.canary:
+        env.update(job.task.env or {})
     env.update({"TERM": "dumb", "NO_COLOR": "1", "CI": "1", "POLAR_SAMPLE": str(job.k), "POLAR_SESSION": session,
                 "POLAR_RUN_ID": ctx.run_id, "POLAR_TASK": job.task.id, "POLAR_APP": sb.APP if boxed else str(app)})
     if job.canary:
@@ -72,7 +115,7 @@ def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, h
         env.pop("SSL_CERT_DIR", None)
         argv = [python, "-m", "polar.rollout.pyagent", ctx.agent.target or "",
                 "--instruction-file", f"{home_in}/.polar/instruction.md"]
-        return argv, connect_by(ctx, env), tuple(mounts)
+        return AgentLaunch(argv, connect_by(ctx, env), tuple(mounts))
     binary_name = agentlib.BINARIES[ctx.agent.harness]
     if boxed:
         mounts.append(sb.Mount(Path(ctx.npm_dir), IN_NPM, False))
@@ -82,7 +125,55 @@ def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, h
         binary = agentlib.find_binary(binary_name, ctx.npm_dir) or binary_name
     args = agentlib.cli_args(ctx.agent.harness, instruction, provider=ctx.agent.provider, model=ctx.model)
     argv, env = agentlib.build(args, env, proxy, ca_pem, bundle, session)
-    return [binary, *argv], connect_by(ctx, env), tuple(mounts)
+    return AgentLaunch([binary, *argv], connect_by(ctx, env), tuple(mounts))
+
+
+def image_agent_command(ctx: SampleContext, job: SampleJob, session: str, home: Path, instruction: str,
+                        tenv) -> AgentLaunch:
+    """The agent in an image: on the sandbox runtime, in the image's environment (the module docstring)."""
+    from polar.rollout import sandbox as sb
+    from polar.rollout.runtime import site_packages_of
+
+    rt = ctx.runtime
+    if rt is None:
+        raise sb.SandboxError("no sandbox runtime was built for this run (an image task needs one)")
+    ca_pem, bundle = f"{sb.HOME}/.polar/ca.pem", f"{sb.HOME}/.polar/ca-bundle.pem"
+    env = base_env(ctx, job)
+    env.update({"TERM": "dumb", "NO_COLOR": "1", "CI": "1", "POLAR_SAMPLE": str(job.k), "POLAR_SESSION": session,
+                "POLAR_RUN_ID": ctx.run_id, "POLAR_TASK": job.task.id, "POLAR_APP": tenv.workdir,
+                "IS_SANDBOX": "1"})
+    if ctx.model:
+        env["POLAR_MODEL"] = ctx.model
+    proxy = proxy_url(ctx.proxy_port, session)
+    mounts: list = [sb.Mount(Path(rt.root), RUNTIME_INSIDE, False)]
+    if ctx.agent.kind == "python":
+        (home / ".polar" / "instruction.md").write_text(instruction, encoding="utf-8")
+        mounts.append(sb.Mount(site_packages_of(Path(ctx.venv)), rt.site_packages, False))
+        files = tuple((f"lib/polar/rollout/{name}", Path(__file__).with_name(name)) for name in AGENT_MODULES)
+        if job.task.agent_dir is not None:
+            mounts.append(sb.Mount(Path(job.task.agent_dir), IMAGE_AGENT_DIR, False))
+            env["POLAR_AGENT_DIR"] = IMAGE_AGENT_DIR
+        env.update({"PYTHONPATH": IMAGE_LIB, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1",
+                    "PYTHONNOUSERSITE": "1", "HTTPS_PROXY": proxy, "https_proxy": proxy, "SSL_CERT_FILE": bundle,
+                    "REQUESTS_CA_BUNDLE": bundle, "NODE_EXTRA_CA_CERTS": ca_pem, "CODEX_CA_CERTIFICATE": bundle})
+        env.pop("SSL_CERT_DIR", None)
+        argv = [rt.venv_python, "-m", "polar.rollout.pyagent", ctx.agent.target or "",
+                "--instruction-file", f"{sb.HOME}/.polar/instruction.md"]
+        return AgentLaunch(argv, connect_by(ctx, env), tuple(mounts), files)
+    if rt.node is None:
+        raise sb.SandboxError("the sandbox runtime was built without node (a CLI agent needs it)")
+    host_bin = agentlib.find_binary(agentlib.BINARIES[ctx.agent.harness], ctx.npm_dir)
+    npm = os.path.realpath(ctx.npm_dir)
+    script = os.path.realpath(host_bin) if host_bin else ""
+    if not script.startswith(npm + os.sep):
+        raise sb.SandboxError(f"the {ctx.agent.harness} CLI is not in the npm prefix {ctx.npm_dir} "
+                              f"(scripts/setup --clis)")
+    mounts.append(sb.Mount(Path(npm), IMAGE_NPM, False))
+    env["POLAR_NPM_DIR"] = IMAGE_NPM
+    args = agentlib.cli_args(ctx.agent.harness, instruction, provider=ctx.agent.provider, model=ctx.model)
+    argv, env = agentlib.build(args, env, proxy, ca_pem, bundle, session)
+    # node runs the CLI's script itself: its `#!/usr/bin/env node` would look for a node in the image
+    return AgentLaunch([rt.node, IMAGE_NPM + script[len(npm):], *argv], connect_by(ctx, env), tuple(mounts))
 
 
 def connect_by(ctx: SampleContext, env: dict[str, str]) -> dict[str, str]:

@@ -46,7 +46,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--sandbox", choices=("bwrap", "docker", "none"),
                    help="bwrap | docker | none (none: on the host, rewards not isolation-safe) (default: bwrap)")
     p.add_argument("--image", metavar="IMAGE",
-                   help="docker image (default: polar-sandbox:1, built from an empty tar on first use)")
+                   help="run every task in this image (a local reference; --image-map applies) instead of the "
+                        "environment each task names (default: each task's own)")
+    p.add_argument("--image-map", action="append", default=[], metavar="REF=LOCAL",
+                   help="use the local image LOCAL wherever a task names REF (FROM lines, docker_image); repeatable; "
+                        "@FILE reads one REF=LOCAL a line (scripts/setup --images writes .cache/images/image-map.txt)")
+    p.add_argument("--build-network", choices=("none", "host"), default=None,
+                   help="the network of a task's Dockerfile build: none, or host (RUN pip/apt reach the registries "
+                        "this machine reaches — and its loopback services) (default: none)")
     p.add_argument("--model", metavar="M", help="model name passed to the CLI (default: the CLI's own)")
     p.add_argument("--agent-timeout", type=_seconds, metavar="S",
                    help="agent time limit, seconds (default: task.toml [agent] timeout_sec, else 600)")
@@ -111,7 +118,7 @@ def options(args: argparse.Namespace):
         no_process=args.no_process, process_opt=list(args.process_opt), sft_min_reward=args.sft_min_reward,
         skip_preflight=args.skip_preflight, engine=args.engine, ray_address=args.ray_address,
         progress=args.progress, confdir=args.confdir, npm_dir=args.npm_dir, warm_agents=args.warm_agents,
-        connect=args.connect or "proxy")
+        connect=args.connect or "proxy", image_map=list(args.image_map), build_network=args.build_network)
 
 
 def main(argv: list[str] | None = None) -> int:

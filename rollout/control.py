@@ -53,10 +53,21 @@ class ControlDir:
             # mkdtemp made it 0700: it opens (0755) only once every file in it has its owner and mode
             shutil.copyfile(_RELAY_SOURCE, self.dir / "relay.py")
             os.chmod(self.dir / "relay.py", 0o644)
+            for rel, source in getattr(spec, "control_files", ()):  # e.g. an agent's modules, in image mode
+                target = self.dir / rel
+                target.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+                shutil.copyfile(source, target)
+                os.chmod(target, 0o644)
+            for m in getattr(spec, "mounts", ()):  # a mount at /run/polar/NAME needs its mount point here
+                rest = m.inside[len(CONTROL) + 1:] if m.inside.startswith(CONTROL + "/") else ""
+                if rest and "/" not in rest:
+                    (self.dir / rest).mkdir(exist_ok=True)
+                    os.chmod(self.dir / rest, 0o755)
             env = dict(env)
             if spec.kind == "none":  # on the host, the sweep finds what a dead run's agent left by this variable
                 env[SANDBOX_VAR] = str(self.dir)
-            payload = {"env": env, "proxy_user": proxy_user(spec.session) if spec.session else None}
+            payload = {"env": env, "proxy_user": proxy_user(spec.session) if spec.session else None,
+                       "all_proxies": bool(getattr(spec, "tripwire", False))}
             fd = os.open(self.dir / "env.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "w", encoding="utf-8") as f:
                 json.dump(payload, f)
@@ -70,6 +81,9 @@ class ControlDir:
             os.chmod(self.dir / "ready", 0o200)
             if spec.proxy_port is not None:
                 self.relay = HostRelay(str(self.dir / "proxy.sock"), spec.proxy_port, spec.session or "", owner=owner)
+            elif getattr(spec, "tripwire", False):
+                self.relay = HostRelay(str(self.dir / "proxy.sock"), 0, "tripwire", owner=owner,
+                                       refuse="this sandbox has no network")
             os.chmod(self.dir, 0o755)
         except BaseException:
             self.close()

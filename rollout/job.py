@@ -56,6 +56,8 @@ class SampleContext:
     verify_timeout: float | None
     warm: bool = False  # --warm-agents: the python: agent runs in a warm slot (rollout/warm.py)
     connect: str = "proxy"  # --connect: proxy | base-url
+    envs: dict[str, Any] | None = None  # task id → TaskEnv (rollout/environments.py); None: every task in the host view
+    runtime: Any = None  # the sandbox runtime (rollout/runtime.py's Runtime) when a task runs in an image
 
 
 @dataclass

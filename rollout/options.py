@@ -41,13 +41,15 @@ class Options:
     npm_dir: str | None = None  # None: polar.launch.paths.npm_dir (outside a checkout, $POLAR_NPM_DIR)
     warm_agents: bool = False  # python: agents in bwrap run in warm slots (rollout/warm.py)
     connect: str = "proxy"  # how agents reach the gateway: proxy (HTTPS_PROXY) or base-url (their base URL)
+    image_map: list[str] = field(default_factory=list)  # --image-map REF=LOCAL / @FILE (rollout/image_refs.py)
+    build_network: str | None = None  # None: none (or the resumed run's); host lets RUN steps reach the registries
 
 
 # Options a resumed run must keep (its identity), and the ones it takes from run.json unless given again.
 IDENTITY = ("tasks", "agent", "samples", "sandbox")
 REUSED = ("parallel", "image", "model", "agent_timeout", "verify_timeout", "proxy_set", "upstream", "proxy_json",
           "retry_infra", "no_process", "process_opt", "sft_min_reward", "engine", "ray_address", "confdir", "npm_dir",
-          "warm_agents", "connect")
+          "warm_agents", "connect", "image_map", "build_network")
 
 
 def check_options(o: Options) -> AgentSpec:
@@ -72,8 +74,11 @@ def check_options(o: Options) -> AgentSpec:
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number of seconds (got {v})")
     if o.sandbox not in ("bwrap", "docker", "none"):
         raise UsageError(f"--sandbox must be bwrap, docker or none (got {o.sandbox})")
-    if o.image and o.sandbox != "docker":
-        raise UsageError("--image applies to --sandbox docker only")
+    if o.image and o.sandbox == "none":
+        raise UsageError("--image runs every task in that image: it needs --sandbox docker or --sandbox bwrap")
+    o.build_network = o.build_network or "none"
+    if o.build_network not in ("none", "host"):
+        raise UsageError(f"--build-network must be none or host (got {o.build_network})")
     if o.warm_agents and (o.sandbox != "bwrap" or agent.kind != "python"):
         raise UsageError("--warm-agents applies to python: agents in --sandbox bwrap only")
     if o.warm_agents and o.engine == "ray":

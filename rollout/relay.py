@@ -204,8 +204,9 @@ class HostRelay:
     """The host end for one sample: Unix socket `path` → a new TCP connection to 127.0.0.1:`proxy_port` per accept."""
 
     def __init__(self, path: str, proxy_port: int, session: str, *, owner: tuple[int, int] | None = None,
-                 proxy_host: str = "127.0.0.1"):
+                 proxy_host: str = "127.0.0.1", refuse: str | None = None):
         self.path = path
+        self.refuse = refuse  # a tripwire: every request is answered 403 with this text, and counted
         self.proxy = (proxy_host, proxy_port)
         self.origin_host = (f"[{proxy_host}]" if ":" in proxy_host else proxy_host).encode() + b":%d" % proxy_port
         self.auth = basic_auth(session)
@@ -264,6 +265,9 @@ class HostRelay:
             client.settimeout(HEAD_TIMEOUT_S)
             head, rest = _read_head(client)
             if head is None:
+                return
+            if self.refuse is not None:
+                _reply(client, "403 Forbidden", self.refuse)
                 return
             try:
                 new_head, method, body_len = rewrite_head(head, self.auth, self.origin_host)
@@ -378,7 +382,7 @@ RELAY_ADDRESS = "@POLAR_RELAY@"  # in an env value: the relay's address, filled 
 CONNECT_VAR = "POLAR_CONNECT"  # "base_url": the agent reaches the gateway by base URL, not as a proxy
 
 
-def _listen(env: dict[str, str], proxy_user_name: str | None, port: int) -> socket.socket:
+def _listen(env: dict[str, str], proxy_user_name: str | None, port: int, all_proxies: bool = False) -> socket.socket:
     """The relay's listener on the sandbox's own loopback; the agent's proxy variables point at it, or with
     POLAR_CONNECT=base_url its base-URL variables (values holding RELAY_ADDRESS) do, and no proxy is set."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -396,6 +400,9 @@ def _listen(env: dict[str, str], proxy_user_name: str | None, port: int) -> sock
         env["NO_PROXY"] = env["no_proxy"] = "127.0.0.1,localhost,::1"
         return listener
     env["HTTPS_PROXY"] = env["https_proxy"] = f"http://{proxy_user_name or 'sandbox'}:x@{address}"
+    if all_proxies:  # a tripwire: plain-HTTP clients (an http:// index) are caught too
+        for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+            env[name] = env["HTTPS_PROXY"]
     env["NO_PROXY"] = env["no_proxy"] = ""
     return listener
 
@@ -566,7 +573,7 @@ def sandbox_main(argv: list[str]) -> int:
     with open(args.env, encoding="utf-8") as f:
         spec = json.load(f)
     env: dict[str, str] = dict(spec["env"])
-    listener = _listen(env, spec.get("proxy_user"), args.port) if args.socket else None
+    listener = _listen(env, spec.get("proxy_user"), args.port, bool(spec.get("all_proxies"))) if args.socket else None
     if args.ready:
         _signal_ready(args.ready)
 

@@ -6,6 +6,7 @@ One run lives in one directory RUN:
     RUN/results.jsonl     one line per attempt, appended as it ends (RESULT_FIELDS); a sample's latest line decides
     RUN/rewards.jsonl     polar-process's rewards, rewritten from results.jsonl just before processing
     RUN/samples/<task>/<k>/<attempt>/{agent.stdout, agent.stderr, final.diff, verifier/, verifier.log, sample.json}
+    RUN/builds/<task>.log the image build of a task whose environment is a Dockerfile (rollout/environments.py)
     RUN/flows/            the flow records of the proxy the runner started (--upstream)
     RUN/out/              polar-process's outputs (one --session-prefix per task: preflight sessions left out)
     RUN/summary.json      the end-of-run summary (statuses, rewards, whether the rewards are isolation-safe)
@@ -17,6 +18,7 @@ This module is the orchestration (`Runner`): prepare RUN, open the proxy, the pr
 rewards, processing and the summary. Each step lives in a module of its own:
 
     options.py    the options and their checks           resume.py      --resume and the plan of attempts
+    environments.py  each task's image: built or looked up, exported (images.py, runtime.py)
     proxyctl.py   the proxy's lifecycle                  preflight.py   the canary call and canary sample
     job.py        a sample's inputs                      sample.py      one attempt, start to end
     agentcmd.py   the agent's argv, env and mounts       verify.py      the verifier and the reward file rule
@@ -75,6 +77,8 @@ class Runner:
         self._lock_fd: int | None = None
         self.cancelled = False
         self.slots = None  # polar-rollout serve: the sample slots every run it serves shares (schedule.Plan)
+        self.envs: dict | None = None  # task id → TaskEnv; None when every task runs in the host view
+        self.runtime = None  # the sandbox runtime, when a task runs in an image
 
     # -- entry ------------------------------------------------------------------------------------------------
     def run(self) -> int:
@@ -90,6 +94,7 @@ class Runner:
 
     def _run(self) -> int:
         self._prepare()
+        self._environments()
         self._open_proxy()
         self._preflight()
         jobs, done_before = resume.plan(self.results, self.tasks, self.opts.samples, self.opts.retry_infra,
@@ -180,7 +185,7 @@ class Runner:
 
         o = self.opts
         try:
-            self.tasks = tasklib.load_tasks(o.tasks, allow_image=o.sandbox == "docker" and bool(o.image))
+            self.tasks = tasklib.load_tasks(o.tasks)
         except tasklib.TaskError as exc:
             raise UsageError(str(exc)) from None
         for t in self.tasks:
@@ -190,6 +195,58 @@ class Runner:
         if self.agent.kind == "python" and o.sandbox != "none" and sys.prefix == sys.base_prefix:
             raise UsageError("python: agents run with the runner's virtual environment, and this interpreter is not "
                              "in one; run polar-rollout from .venv")
+
+    def _environments(self) -> None:
+        """Each task's image, before the proxy opens (rollout/environments.py); run.json records them, and a resumed
+        run whose images changed is refused."""
+        from polar.rollout import environments as envlib
+        from polar.rollout import images as imagelib
+
+        o = self.opts
+        try:
+            image_map = imagelib.parse_image_map(o.image_map)
+        except imagelib.ImageError as exc:
+            raise UsageError(str(exc)) from None
+        if not (o.image or any(t.image_task for t in self.tasks)):
+            return
+        harbor_open = [t.id for t in self.tasks if t.image_task and t.allow_internet is not False]
+        if harbor_open:
+            print(f"polar-rollout: {len(harbor_open)} task(s) allow the internet under Harbor (allow_internet, whose "
+                  f"default is true); here a sandbox reaches the proxy and nothing else", file=sys.stderr)
+        self.envs = envlib.prepare(self.tasks, envlib.PhaseOptions(
+            image=o.image, image_map=image_map, build_network=o.build_network, sandbox=o.sandbox,
+            builds_dir=self.run_dir / "builds"))
+        for env in self.envs.values():
+            if env.substitutions and not env.error:
+                print(f"polar-rollout: task {env.task}: runs on a substituted base "
+                      f"({', '.join(f'{a} → {b}' for a, b in env.substitutions)})", file=sys.stderr)
+        previous = self.run_doc.get("environments") if o.resume else None
+        if previous:
+            changed = [f"{tid} ({doc.get('image_id')} → {self.envs[tid].image_id})" for tid, doc in previous.items()
+                       if tid in self.envs and doc.get("image_id") != self.envs[tid].image_id]
+            if changed:
+                raise UsageError(f"--resume: the image of {len(changed)} task(s) changed since the run started: "
+                                 f"{'; '.join(changed)}; its samples would mix environments — start a new run in "
+                                 f"another --out")
+        if any(env.image_mode and not env.error for env in self.envs.values()):
+            self.runtime = self._build_runtime()
+        self.run_doc["environments"] = {tid: env.describe() for tid, env in self.envs.items()}
+        self.run_doc["image_map"] = [f"{e.ref.canonical()}={e.local}" for e in image_map.entries]
+        self.run_doc["runtime"] = {"root": str(self.runtime.root), "key": self.runtime.key} if self.runtime else None
+        self._save_run_doc()
+
+    def _build_runtime(self):
+        import shutil
+
+        from polar.rollout import runtime as rtlib
+
+        python = Path(os.path.realpath(Path(sys.prefix) / "bin" / "python"))
+        node = shutil.which("node") if self.agent.kind == "cli" else None
+        try:
+            return rtlib.build_runtime(paths.images_dir() / "runtime", python=python,
+                                       node=Path(node) if node else None)
+        except rtlib.RuntimeBuildError as exc:
+            raise UsageError(f"the sandbox runtime (for the tasks that run in an image): {exc}") from None
 
     def _new_run_id(self) -> str:
         from polar.records import uuid7
@@ -221,10 +278,10 @@ class Runner:
             raise UsageError(f"--agent {o.agent}: {paths.missing('npm_dir')}")
         return SampleContext(
             run_id=self.run_doc["run_id"], run_dir=str(self.run_dir), agent=self.agent, sandbox=o.sandbox,
-            image=o.image or "polar-sandbox:1", model=o.model, proxy_port=p.port, ca_pem=p.ca_pem,
+            image="polar-sandbox:1", model=o.model, proxy_port=p.port, ca_pem=p.ca_pem,
             ca_bundle=p.ca_bundle, flows=p.flows, venv=sys.prefix, npm_dir=str(npm or ""),
             agent_timeout=o.agent_timeout, verify_timeout=o.verify_timeout, warm=o.warm_agents,
-            connect=o.connect)
+            connect=o.connect, envs=self.envs, runtime=self.runtime)
 
     # -- preflight ------------------------------------------------------------------------------------------------
     def _preflight(self) -> None:

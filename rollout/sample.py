@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from polar.rollout import flowwatch
-from polar.rollout.agentcmd import agent_command
+from polar.rollout.agentcmd import agent_command, task_env
 from polar.rollout.common import CANCEL, Cancelled, group_of, now, write_json
 from polar.rollout.job import SampleContext, SampleJob, job_paths
 from polar.rollout.ledger import ResultRow
@@ -33,12 +33,23 @@ def _copy_tree(src: Path | None, dst: Path) -> None:
         dst.mkdir(parents=True)
 
 
+def start_state(ctx: SampleContext, job: SampleJob) -> Path | None:
+    """The directory a sample's working directory starts as a copy of: environment/workdir/ in the host view (or
+    with --image), the image's WORKDIR files in an image (rollout/environments.py); None: empty."""
+    if job.canary:
+        return None
+    tenv = task_env(ctx, job)
+    if tenv is not None and tenv.image_mode and tenv.template is not None:
+        return Path(tenv.template)
+    return job.task.workdir
+
+
 def _fresh_dirs(ctx: SampleContext, job: SampleJob, work: Path) -> tuple[Path, Path]:
     """(app, home) of a new attempt: a fresh copy of the start state, and a HOME holding the proxy's CA files."""
     if work.exists():
         shutil.rmtree(work, ignore_errors=True)
     app, home = work / "app", work / "home"
-    _copy_tree(None if job.canary else job.task.workdir, app)
+    _copy_tree(start_state(ctx, job), app)
     (home / ".polar").mkdir(parents=True)
     shutil.copyfile(ctx.ca_pem, home / ".polar" / "ca.pem")
     shutil.copyfile(ctx.ca_bundle, home / ".polar" / "ca-bundle.pem")
@@ -80,20 +91,27 @@ class _Attempt:
 
         ctx, job, result = self.ctx, self.job, self.result
         self.sample_dir.mkdir(parents=True, exist_ok=True)
+        tenv = None if job.canary else task_env(ctx, job)
+        if tenv is not None:
+            self.detail["environment"] = tenv.describe()
+            if tenv.error:  # the environment phase failed for this task: nothing to run the agent in
+                self.fail("infra_error", f"environment: {tenv.error}")
+                return
         _check_cancel()
         app, home = _fresh_dirs(ctx, job, self.work)
-        argv, env, mounts = agent_command(ctx, job, self.session, app, home,
-                                          CANARY_INSTRUCTION if job.canary else job.task.instruction)
+        argv, env, mounts, control_files = agent_command(ctx, job, self.session, app, home,
+                                                         CANARY_INSTRUCTION if job.canary else job.task.instruction)
         timeout = _agent_timeout(ctx, job)
         spec = sb.SandboxSpec(kind=ctx.sandbox, app=app, home=home, mounts=mounts, env=env,
                               proxy_port=ctx.proxy_port, session=self.session, memory_mb=job.task.memory_mb,
-                              cpus=job.task.cpus, image=ctx.image, label=ctx.run_id)
+                              cpus=job.task.cpus, image=ctx.image, label=ctx.run_id, control_files=control_files,
+                              **image_fields(ctx, tenv, job.task))
         self.detail["agent"] = {"argv": argv, "env": _shown_env(env),
                                 "mounts": [[str(m.host), m.inside, m.writable] for m in mounts], "timeout_s": timeout}
         self.lap("setup")
         _check_cancel()
         run = sb.run_sandboxed
-        if ctx.warm and not job.canary:
+        if ctx.warm and not job.canary and not spec.image_mode:
             from polar.rollout.warm import run_warm as run
             self.detail["agent"]["warm"] = True
         try:
@@ -110,7 +128,7 @@ class _Attempt:
         result["calls"], result["trainable_tokens"] = counts.calls, counts.tokens
         self.detail["calls_with_token_ids"] = counts.with_ids
         if not job.canary:
-            (self.sample_dir / "final.diff").write_text(tree_diff(job.task.workdir, app), encoding="utf-8")
+            (self.sample_dir / "final.diff").write_text(tree_diff(start_state(ctx, job), app), encoding="utf-8")
         _agent_status(ctx, result, res, counts.calls, counts.with_ids, timeout)
         if result["status"] in ("completed", "agent_error") and not job.canary:
             run_verifier(ctx, job, result, self.detail, self.sample_dir, self.work, app, self.lap)
@@ -141,6 +159,17 @@ class _Attempt:
         with contextlib.suppress(OSError):
             write_json(self.sample_dir / "sample.json", {**self.result, **self.detail})
         return ResultRow.from_json(self.result)
+
+
+def image_fields(ctx: SampleContext, tenv, task) -> dict:
+    """The SandboxSpec fields of an image task (rollout/environments.py), {} in the host view."""
+    if tenv is None or not tenv.image_mode or ctx.sandbox == "none":
+        return {"tmp_mb": getattr(task, "storage_mb", None)}
+    from polar.rollout.runtime import INSIDE
+
+    return {"image_mode": True, "image": tenv.image_id or tenv.image, "workdir": tenv.workdir,
+            "rootfs": Path(tenv.rootfs) if tenv.rootfs else None, "wrapper_python": f"{INSIDE}/bin/python3",
+            "tmp_mb": getattr(task, "storage_mb", None)}
 
 
 def _check_cancel() -> None:

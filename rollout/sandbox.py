@@ -30,6 +30,19 @@ Dying with the runner: bwrap has --die-with-parent and its pid namespace; docker
 a subreaper that kills the agent's whole tree when the runner dies, kill -9 included). Each control directory holds
 OWNER_FILE (the pid and start time of the process that made it); `sweep_stale_controls` removes those whose owner is
 gone, after killing whatever a `none` agent still left (found by SANDBOX_VAR in its environment).
+
+Image mode (`spec.image_mode`, rollout/environments.py): the root is an image's own root filesystem, read-only, with
+no host system directory over it — docker runs `spec.image` (`--read-only`), bwrap binds `spec.rootfs` (its export,
+mount points made in it) at /. The sample's working directory is `spec.workdir` (the image's WORKDIR: a per-sample
+copy, writable), HOME /home/agent, /tmp a tmpfs (`spec.tmp_mb` sizes it). What we run inside comes from one
+read-only host prefix mounted at /run/polar/rt (rollout/runtime.py): the wrapper runs on its interpreter
+(`spec.wrapper_python`), whatever the image's userland. Mounts may target /run/polar/NAME (a mount point the control
+directory makes) and anything under another mount whose source holds the mount point; they are made parents first.
+An image that cannot run the wrapper fails to start: a SandboxError naming the image.
+
+Tripwire (`spec.tripwire`, the verifier's): the proxy variables point at the wrapper's relay, whose host end answers
+every connection 403 and counts it (SandboxResult.proxy_connections): a verifier that tried the network is told
+apart from one that failed.
 """
 
 from __future__ import annotations
@@ -62,6 +75,7 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 SYSTEM_DIRS = ("usr", "etc", "bin", "sbin", "lib", "lib32", "lib64", "libx32")
 DEFAULT_IMAGE = "polar-sandbox:1"
 RESERVED = (CONTROL, "/proc", "/dev", "/tmp")
+CONTROL_OWN = ("relay.py", "env.json", "ready", "proxy.sock", "owner.json")  # what a mount under /run/polar may not hide
 
 
 class SandboxError(RuntimeError):
@@ -88,6 +102,13 @@ class SandboxSpec:
     cpus: float | None = None
     image: str = DEFAULT_IMAGE
     label: str | None = None
+    image_mode: bool = False  # the root is the image's own (docker: `image`; bwrap: `rootfs`), read-only
+    rootfs: Path | None = None  # bwrap image mode: the image's exported root filesystem
+    workdir: str = "/app"  # where `app` is mounted, the cwd (image mode: the image's WORKDIR)
+    wrapper_python: str = SYSTEM_PYTHON  # the interpreter the wrapper runs on (image mode: the runtime's)
+    tmp_mb: int | None = None  # the size of /tmp (task.toml storage_mb); None: the tmpfs default
+    tripwire: bool = False  # no proxy: the relay answers 403 and counts the attempts (the verifier's)
+    control_files: tuple[tuple[str, Path], ...] = ()  # (path under /run/polar, host file) copied into the control dir
 
 
 @dataclass(frozen=True)
@@ -240,14 +261,30 @@ def _check(spec: SandboxSpec) -> None:
             raise SandboxError(f"mount source {m.host} does not exist")
         if not m.inside.startswith("/") or os.path.normpath(m.inside) != m.inside or m.inside == "/":
             raise SandboxError(f"mount target {m.inside!r} must be an absolute, normalized path")
-        if _under(m.inside, RESERVED):
+        if _under(m.inside, RESERVED) and not _control_mount(m.inside):
             raise SandboxError(f"mount target {m.inside} is reserved by the sandbox")
+    if spec.image_mode:
+        if spec.kind not in ("bwrap", "docker"):
+            raise SandboxError(f"an image runs in --sandbox bwrap or docker, not {spec.kind}")
+        if spec.kind == "bwrap" and (spec.rootfs is None or not Path(spec.rootfs).is_dir()):
+            raise SandboxError(f"the image's root filesystem {spec.rootfs} is missing (exported by the runner)")
+        if not spec.workdir.startswith("/") or os.path.normpath(spec.workdir) != spec.workdir or \
+                _under(spec.workdir, RESERVED) or spec.workdir == "/":
+            raise SandboxError(f"working directory {spec.workdir!r} must be an absolute, normalized path of its own")
     if spec.kind == "docker":
         for p in [str(spec.app), str(spec.home), *(str(m.host) for m in spec.mounts), *(m.inside for m in spec.mounts)]:
             if any(c in p for c in ',"\n'):
                 raise SandboxError(f"docker cannot bind a path containing a comma, quote or newline: {p!r}")
     if spec.proxy_port is not None and not spec.session:
         raise SandboxError("a sandbox with a proxy needs its session (the relay's identity)")
+    if spec.tripwire and spec.proxy_port is not None:
+        raise SandboxError("a tripwire sandbox has no proxy")
+
+
+def _control_mount(inside: str) -> bool:
+    """A mount under /run/polar that hides none of the control directory's own files."""
+    rest = inside[len(CONTROL) + 1:] if inside.startswith(CONTROL + "/") else ""
+    return bool(rest) and rest.split("/")[0] not in CONTROL_OWN
 
 
 def _chown_tree(root: Path, uid: int, gid: int) -> None:
@@ -352,9 +389,9 @@ def sweep_stale_controls(bases: list[str] | None = None) -> tuple[int, int]:
 
 def _wrapper(spec: SandboxSpec, ctl: _Control, argv: list[str]) -> list[str]:
     k = spec.kind
-    cmd = [SYSTEM_PYTHON, ctl.inside("relay.py", k), "sandbox", "--env", ctl.inside("env.json", k),
+    cmd = [spec.wrapper_python, ctl.inside("relay.py", k), "sandbox", "--env", ctl.inside("env.json", k),
            "--ready", ctl.inside("ready", k)]
-    if spec.proxy_port is not None:
+    if spec.proxy_port is not None or spec.tripwire:
         cmd += ["--socket", ctl.inside("proxy.sock", k), "--port", str(0 if k == "none" else RELAY_PORT)]
     if k == "bwrap" and _bwrap_privileged():
         cmd += ["--drop", f"{UID}:{GID}"]
@@ -363,7 +400,30 @@ def _wrapper(spec: SandboxSpec, ctl: _Control, argv: list[str]) -> list[str]:
     return [*cmd, "--", *argv]
 
 
+def _tmpfs_size(spec: SandboxSpec) -> list[str]:
+    return ["--size", str(spec.tmp_mb * 1024 * 1024)] if spec.tmp_mb else []
+
+
+def _ordered(mounts) -> list[Mount]:
+    """Parents first: a mount under another (the runtime's site-packages) is made after it."""
+    return sorted(mounts, key=lambda m: m.inside.count("/"))
+
+
+def bwrap_image_command(spec: SandboxSpec, ctl: _Control, argv: list[str]) -> list[str]:
+    """bwrap over the image's exported root: read-only at /, nothing of the host's system (the module docstring)."""
+    cmd = [shutil.which("bwrap") or "bwrap", *_bwrap_namespaces(), "--die-with-parent", "--new-session",
+           "--clearenv", "--hostname", "polar-sandbox", "--ro-bind", str(spec.rootfs), "/",
+           "--proc", "/proc", "--dev", "/dev", *_tmpfs_size(spec), "--perms", "1777", "--tmpfs", "/tmp",
+           "--ro-bind", str(ctl.dir), CONTROL]
+    for m in _ordered(spec.mounts):
+        cmd += ["--bind" if m.writable else "--ro-bind", str(m.host), m.inside]
+    cmd += ["--bind", str(spec.app), spec.workdir, "--bind", str(spec.home), HOME, "--chdir", spec.workdir]
+    return [*cmd, *_wrapper(spec, ctl, argv)]
+
+
 def bwrap_command(spec: SandboxSpec, ctl: _Control, argv: list[str]) -> list[str]:
+    if spec.image_mode:
+        return bwrap_image_command(spec, ctl, argv)
     binds: list[tuple[str, str, str]] = []  # (option, source, target)
     for prefix in python_prefixes(_venvs(spec)):
         binds.append(("--ro-bind", prefix, prefix))
@@ -396,9 +456,10 @@ def bwrap_command(spec: SandboxSpec, ctl: _Control, argv: list[str]) -> list[str
 
 
 def docker_command(spec: SandboxSpec, ctl: _Control, argv: list[str], name: str) -> list[str]:
+    tmp = "/tmp:rw,nosuid,nodev,mode=1777" + (f",size={spec.tmp_mb}m" if spec.tmp_mb else "")
     cmd = [shutil.which("docker") or "docker", "run", "--rm", "--name", name, "--network", "none",
            "--user", f"{UID}:{GID}", "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges",
-           "--hostname", "polar-sandbox", "--workdir", APP, "--tmpfs", "/tmp:rw,nosuid,nodev,mode=1777"]
+           "--hostname", "polar-sandbox", "--workdir", spec.workdir if spec.image_mode else APP, "--tmpfs", tmp]
     if spec.label:
         cmd += ["--label", f"polar-run={spec.label}"]
     if spec.memory_mb is not None:
@@ -409,6 +470,13 @@ def docker_command(spec: SandboxSpec, ctl: _Control, argv: list[str], name: str)
     def bind(src: str, dst: str, writable: bool = False) -> list[str]:
         return ["--mount", f"type=bind,source={src},target={dst}" + ("" if writable else ",readonly")]
 
+    if spec.image_mode:  # the image's own root: no host system directory, the wrapper on the runtime's python
+        wrapper = _wrapper(spec, ctl, argv)
+        cmd += bind(str(ctl.dir), CONTROL)
+        for m in _ordered(spec.mounts):
+            cmd += bind(str(m.host), m.inside, m.writable)
+        cmd += bind(str(spec.app), spec.workdir, True) + bind(str(spec.home), HOME, True)
+        return [*cmd, "--entrypoint", wrapper[0], spec.image, *wrapper[1:]]
     for path, link in _system_entries():
         cmd += bind(os.path.realpath(path) if link is not None else path, path)
     for prefix in python_prefixes(_venvs(spec)):
@@ -508,11 +576,11 @@ def run_sandboxed(spec: SandboxSpec, argv: list[str], *, stdout: Path, stderr: P
     if not argv:
         raise SandboxError("no command")
     _check(spec)
-    if not os.access(SYSTEM_PYTHON, os.X_OK):
+    if not spec.image_mode and not os.access(SYSTEM_PYTHON, os.X_OK):
         raise SandboxError(f"{SYSTEM_PYTHON} is missing (the sandbox wrapper runs on it)")
     if spec.kind != "none" and shutil.which(spec.kind) is None:
         raise SandboxError(available(spec.kind) or f"{spec.kind} is not installed")
-    if spec.kind == "docker":
+    if spec.kind == "docker" and not spec.image_mode:
         ensure_image(spec.image)
     owner = _hand_over(spec)
     try:
@@ -537,6 +605,10 @@ def run_sandboxed(spec: SandboxSpec, argv: list[str], *, stdout: Path, stderr: P
         if not ctl.ready().startswith("ready "):
             if timed_out:
                 raise SandboxError(f"the {spec.kind} sandbox did not start within {timeout:g} s")
+            if spec.image_mode:
+                raise SandboxError(f"the {spec.kind} sandbox did not start in image {spec.image} (exit {code}; can "
+                                   f"the image run the sandbox runtime {spec.wrapper_python}?): "
+                                   f"{_tail(Path(stderr)) or 'no message'}")
             raise SandboxError(f"the {spec.kind} sandbox did not start (exit {code}): "
                                f"{_tail(Path(stderr)) or 'no message'}")
         return SandboxResult(exit_code=code, timed_out=timed_out, wall_s=wall, memory_limit=memory_limit,

@@ -11,14 +11,17 @@ Rules. Each violation is a `TaskError` whose text is one line naming the task (o
 2. The task id is the directory's name and matches `[A-Za-z0-9][A-Za-z0-9._-]{0,127}`; ids are unique across all
    TASKS (the error names both directories).
 3. `task.toml` parses as TOML (the error gives its line). Read: `[agent] timeout_sec`, `[verifier] timeout_sec`,
-   `[environment] cpus` — positive finite numbers — and `[environment] memory_mb`, a positive whole number. Every
-   other key is kept in `Task.extra` and ignored.
+   `[environment] cpus` and `build_timeout_sec` — positive finite numbers —, `[environment] memory_mb` and
+   `storage_mb`, positive whole numbers, `[environment] docker_image`, an image reference (a string), `[environment]
+   env`, a table of strings, and `[environment] allow_internet`, a boolean (Harbor's default is true; sandboxes here
+   never reach anything but the proxy: the runner reports it once per run). Every other key is kept in `Task.extra`
+   and ignored.
 4. `instruction.md` exists and holds text (UTF-8); `tests/test.sh` exists.
-5. `environment/workdir/` is the start state. No `environment/` at all (or an empty one) means an empty start
-   state. An `environment/` with a Dockerfile or compose file and no `workdir/` is refused — no image registry is
-   reachable here, and a task is never run on an empty directory by accident — unless `allow_image` (the caller runs
-   a docker image it was given; `workdir` is then None, an empty `/app`). An `environment/` holding other files but
-   no `workdir/` is refused too: nothing there would reach `/app`.
+5. `environment/workdir/` is the start state of the host view. No `environment/` at all (or an empty one) means an
+   empty start state. An `environment/` with a Dockerfile or compose file (or a task naming `docker_image`) is an
+   image task: its start state is the image's WORKDIR, and which source is used is polar.rollout.images'
+   `choose_environment` (`workdir` is then what that rule copies, possibly None). An `environment/` holding other
+   files but no `workdir/`, no Dockerfile and no compose file is refused: nothing there would reach the sandbox.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 TASK_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 COMPOSE_FILES = frozenset({"docker-compose.yaml", "docker-compose.yml", "compose.yaml", "compose.yml"})
@@ -41,6 +45,11 @@ READ_KEYS: dict[tuple[str, str], str] = {
     ("verifier", "timeout_sec"): "seconds",
     ("environment", "cpus"): "cpus",
     ("environment", "memory_mb"): "mebibytes",
+    ("environment", "storage_mb"): "mebibytes",
+    ("environment", "build_timeout_sec"): "seconds",
+    ("environment", "docker_image"): "image",
+    ("environment", "env"): "env",
+    ("environment", "allow_internet"): "bool",
 }
 
 
@@ -64,9 +73,15 @@ class Task:
     solution_dir: Path | None  # solution/ when it holds solve.sh
     agent_dir: Path | None  # agent/: python agents import MODULE from here first
     extra: dict = field(default_factory=dict, hash=False)  # unknown task.toml keys, kept and ignored
+    storage_mb: int | None = None  # [environment] storage_mb: the size of the sandbox's /tmp
+    build_timeout_sec: float | None = None  # [environment] build_timeout_sec: the image build's limit
+    docker_image: str | None = None  # [environment] docker_image: run as given (mapped by --image-map)
+    env: dict = field(default_factory=dict, hash=False)  # [environment] env: set for the agent and the verifier
+    allow_internet: bool | None = None  # [environment] allow_internet as written (never honoured: reported)
+    image_task: bool = False  # environment/ holds a Dockerfile or compose file, or docker_image is named
 
 
-def load_tasks(paths: Sequence[str | Path], *, allow_image: bool = False) -> list[Task]:
+def load_tasks(paths: Sequence[str | Path]) -> list[Task]:
     """Every task under TASKS, in the order given (a folder's tasks sorted by name); ids unique across all of them."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
@@ -76,7 +91,7 @@ def load_tasks(paths: Sequence[str | Path], *, allow_image: bool = False) -> lis
     seen: dict[str, Path] = {}
     for given in paths:
         for directory in task_dirs(given):
-            task = load_task(directory, allow_image=allow_image)
+            task = load_task(directory)
             if task.id in seen:
                 raise TaskError(
                     f"task {task.id}: the id is taken twice, by {seen[task.id]} and {task.path}; task ids must be "
@@ -105,7 +120,7 @@ def task_dirs(given: str | Path) -> list[Path]:
     return found
 
 
-def load_task(directory: str | Path, *, allow_image: bool = False) -> Task:
+def load_task(directory: str | Path) -> Task:
     """Rules 2–5 for one task directory (one that holds task.toml)."""
     path = Path(os.path.abspath(directory))
     task_id = path.name
@@ -125,6 +140,8 @@ def load_task(directory: str | Path, *, allow_image: bool = False) -> Task:
                                                f"/logs/verifier/reward.txt or reward.json)")
     solution_dir = path / "solution"
     agent_dir = path / "agent"
+    docker_image = numbers.get(("environment", "docker_image"))
+    workdir, image_files = _start_state(path / "environment", docker_image is not None, fail)
     return Task(
         id=task_id,
         path=path,
@@ -133,11 +150,17 @@ def load_task(directory: str | Path, *, allow_image: bool = False) -> Task:
         verifier_timeout_sec=numbers.get(("verifier", "timeout_sec")),
         cpus=numbers.get(("environment", "cpus")),
         memory_mb=numbers.get(("environment", "memory_mb")),
-        workdir=_start_state(path / "environment", allow_image, fail),
+        workdir=workdir,
         tests_dir=tests_dir,
         solution_dir=solution_dir if (solution_dir / "solve.sh").is_file() else None,
         agent_dir=agent_dir if agent_dir.is_dir() else None,
         extra=_unread(config),
+        storage_mb=numbers.get(("environment", "storage_mb")),
+        build_timeout_sec=numbers.get(("environment", "build_timeout_sec")),
+        docker_image=docker_image,
+        env=numbers.get(("environment", "env")) or {},
+        allow_internet=numbers.get(("environment", "allow_internet")),
+        image_task=image_files or docker_image is not None,
     )
 
 
@@ -153,15 +176,33 @@ def _read_toml(file: Path, fail) -> dict:
         raise fail(f"task.toml cannot be read ({exc.strerror})", "make it a readable file") from None
 
 
-def _read_numbers(config: dict, fail) -> dict[tuple[str, str], float | int]:
+def _read_numbers(config: dict, fail) -> dict[tuple[str, str], Any]:
     """Rule 3: the keys the runner reads, each checked; absent keys stay absent."""
-    out: dict[tuple[str, str], float | int] = {}
+    out: dict[tuple[str, str], Any] = {}
     for table in sorted({table for table, _ in READ_KEYS}):
         if table in config and not isinstance(config[table], dict):
             raise fail(f"task.toml's {table} is not a table", f"write it as a [{table}] section")
     for (table, key), kind in READ_KEYS.items():
         value = config.get(table, {}).get(key)
         if value is None:
+            continue
+        if kind == "image":
+            if not isinstance(value, str) or not value.strip():
+                raise fail(f"task.toml [{table}] {key} = {value!r} is not an image reference",
+                           f"set it to an image name, e.g. {key} = \"python:3.12-slim\", or remove it")
+            out[(table, key)] = value.strip()
+            continue
+        if kind == "env":
+            if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()) or \
+                    not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k) for k in value):
+                raise fail(f"task.toml [{table}] {key} is not a table of NAME = \"string\" entries",
+                           f"write it as [{table}.{key}] with one NAME = \"value\" a line, or remove it")
+            out[(table, key)] = dict(value)
+            continue
+        if kind == "bool":
+            if not isinstance(value, bool):
+                raise fail(f"task.toml [{table}] {key} = {value!r} is not true or false", "set it to true or false")
+            out[(table, key)] = value
             continue
         number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
         if kind == "mebibytes":
@@ -207,32 +248,24 @@ def _read_instruction(file: Path, fail) -> str:
     return text
 
 
-def _start_state(environment: Path, allow_image: bool, fail) -> Path | None:
-    """Rule 5: environment/workdir/, or None for an empty /app."""
+def _start_state(environment: Path, names_image: bool, fail) -> tuple[Path | None, bool]:
+    """Rule 5: (environment/workdir/ or None for an empty /app, whether environment/ holds an image file)."""
     workdir = environment / "workdir"
-    if workdir.is_dir():
-        return workdir
-    if workdir.exists():
+    if workdir.exists() and not workdir.is_dir():
         raise fail("environment/workdir is not a directory", "make it the folder holding the start state of /app")
-    if not environment.exists():
-        return None
-    if not environment.is_dir():
+    if environment.exists() and not environment.is_dir():
         raise fail("environment is not a directory",
-                   "make it a folder holding workdir/ (the start state), or remove it")
-    names = sorted(entry.name for entry in environment.iterdir())
-    images = [name for name in names if _is_image_file(name)]
-    if images:
-        if allow_image:
-            return None
-        what = "a Dockerfile" if any(not name.lower().endswith((".yaml", ".yml")) for name in images) \
-            else "a compose file"
-        raise fail(f"environment/ has only {what} (no image registry is reachable here)",
-                   "add environment/workdir/, or run with --sandbox docker --image IMAGE")
+                   "make it a folder holding workdir/ (the start state) or a Dockerfile, or remove it")
+    names = sorted(entry.name for entry in environment.iterdir()) if environment.is_dir() else []
+    images = any(_is_image_file(name) for name in names)
+    if workdir.is_dir() or images or names_image or not names:
+        return (workdir if workdir.is_dir() else None), images
     visible = [name for name in names if not name.startswith(".")]
     if visible:
         raise fail(f"environment/ holds {', '.join(visible[:3])}{' …' if len(visible) > 3 else ''} but no workdir/ "
-                   f"(nothing there reaches /app)", "move the start state into environment/workdir/")
-    return None
+                   f"and no Dockerfile (nothing there reaches the sandbox)",
+                   "move the start state into environment/workdir/, or add the Dockerfile that uses it")
+    return None, False
 
 
 def _is_image_file(name: str) -> bool:

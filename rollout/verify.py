@@ -1,5 +1,17 @@
 """The verifier: the task's tests/test.sh in a sandbox of its own, on a fresh copy of the agent's final /app, and the
-reward file rule (reward.json's `reward`, else its only key, else reward.txt's one float)."""
+reward file rule (reward.json's `reward`, else its only key, else reward.txt's one float).
+
+In an image task the verifier's sandbox is the same image, after the agent: the agent's final working directory (a
+copy) at the image's WORKDIR, /tests (copied in only now: the agent never saw them) and /logs/verifier, the image's
+environment. How this differs from Harbor, which runs test.sh in the agent's own container: the rest of the image is
+read-only for the agent here, so the only state the agent leaves is its working directory (and nothing it wrote to
+/tmp or HOME reaches the verifier).
+
+No sandbox has a network; the verifier's proxy variables point at a tripwire (rollout/sandbox.py). A verifier that
+tried the network (a connection to the tripwire, or a resolver or connect failure in its log) ends as
+`verifier_error` naming the network — whatever reward it wrote, since a test that could not fetch what it needs says
+nothing of the agent's work.
+"""
 
 from __future__ import annotations
 
@@ -7,15 +19,21 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from polar.rollout.agentcmd import IN_TESTS, IN_VERIFIER, SANDBOX_PATH, host_env
+from polar.rollout.agentcmd import IN_TESTS, IN_VERIFIER, RUNTIME_INSIDE, SANDBOX_PATH, base_env, host_env, task_env
 from polar.rollout.common import CANCEL, Cancelled, tail
 from polar.rollout.job import SampleContext, SampleJob
 
 DEFAULT_VERIFY_TIMEOUT = 600.0
+# what resolvers and clients print when there is no network (pip, uv, curl, apt, python, node)
+NETWORK_FAILURE = re.compile(r"Temporary failure in name resolution|Could not resolve host|Name or service not known|"
+                             r"Network is unreachable|getaddrinfo (?:ENOTFOUND|EAI_AGAIN)|nodename nor servname|"
+                             r"Failed to establish a new connection|dns error|failed to lookup address",
+                             re.IGNORECASE)
 
 
 def read_reward(verifier_dir: Path) -> tuple[float | None, Any, str | None]:
@@ -67,10 +85,15 @@ def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict,
     elif boxed:
         os.chmod(vdir, 0o777)
     tests = Path(job.task.tests_dir)
+    tenv = task_env(ctx, job)
+    image = boxed and tenv is not None and tenv.image_mode
     if boxed:
-        env = {"PATH": SANDBOX_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "POLAR_APP": sb.APP,
-               "POLAR_TESTS": IN_TESTS, "POLAR_LOGS": IN_VERIFIER}
+        env = base_env(ctx, job)
+        env.update({"POLAR_APP": tenv.workdir if image else sb.APP, "POLAR_TESTS": IN_TESTS,
+                    "POLAR_LOGS": IN_VERIFIER, "HOME": sb.HOME})
         mounts = (sb.Mount(tests, IN_TESTS, False), sb.Mount(vdir, IN_VERIFIER, True))
+        if image:
+            mounts = (sb.Mount(Path(ctx.runtime.root), RUNTIME_INSIDE, False), *mounts)
         argv = ["bash", f"{IN_TESTS}/test.sh"]
     else:  # no mount namespace: the verifier finds its directories in these variables
         env = host_env()
@@ -80,9 +103,11 @@ def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict,
         argv = ["bash", str(tests / "test.sh")]
     env.update({"POLAR_SAMPLE": str(job.k), "POLAR_TASK": job.task.id})
     timeout = ctx.verify_timeout or job.task.verifier_timeout_sec or DEFAULT_VERIFY_TIMEOUT
+    from polar.rollout.sample import image_fields
+
     spec = sb.SandboxSpec(kind=ctx.sandbox, app=vapp, home=vhome, mounts=mounts, env=env, proxy_port=None,
                           session=None, memory_mb=job.task.memory_mb, cpus=job.task.cpus, image=ctx.image,
-                          label=ctx.run_id)
+                          label=ctx.run_id, tripwire=boxed, **image_fields(ctx, tenv, job.task))
     lap("setup")
     log = sample_dir / "verifier.log"
     try:
@@ -93,7 +118,14 @@ def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict,
     if CANCEL.is_set():
         raise Cancelled()
     detail["verifier"] = {"argv": argv, "exit_code": res.exit_code, "timed_out": res.timed_out,
-                          "wall_s": round(res.wall_s, 3), "timeout_s": timeout, "memory_limit": res.memory_limit}
+                          "wall_s": round(res.wall_s, 3), "timeout_s": timeout, "memory_limit": res.memory_limit,
+                          "network_attempts": res.proxy_connections}
+    network = _network_used(res.proxy_connections, log)
+    if network is not None:
+        result["status"], result["reward"] = "verifier_error", None
+        result["error"] = (f"the verifier needs the network ({network}), and sandboxes have none: install what "
+                           f"tests/test.sh fetches in the image (its Dockerfile) instead")
+        return
     if res.timed_out:
         result["status"], result["reward"] = "verifier_timeout", 0.0
         result["error"] = f"the verifier did not finish within {timeout:g} s"
@@ -105,6 +137,18 @@ def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict,
         result["error"] = f"{error} (verifier exit {res.exit_code}; verifier.log: {tail(log, 300)!r})"
         return
     result["reward"] = reward
+
+
+def _network_used(attempts: int, log: Path) -> str | None:
+    """How the verifier tried the network, or None."""
+    if attempts:
+        return f"{attempts} connection(s) through its proxy variables"
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return None
+    found = NETWORK_FAILURE.search(text)
+    return f"its log says {found.group(0)!r}" if found else None
 
 
 def _join_logs(log: Path, err: Path) -> None:

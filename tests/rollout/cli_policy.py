@@ -34,6 +34,12 @@ TASKS = {
     "hello-file": ("hello.txt", "printf 'Hello, Polar!\\n' > hello.txt"),
     "release-checksums": ("SHA256SUMS",
                           "find release -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum > SHA256SUMS"),
+    # examples/harbor (published layout: each runs in its own image)
+    "log-report": ("report.txt", "awk '{print $9}' access.log | sort | uniq -c | awk '{print $2, $1}' | sort -n "
+                                 "> report.txt"),
+    "dir-tree": ("TREE.txt", "tree -a --noreport --charset ascii src > TREE.txt"),
+    "image-greeting": ("greet.py", "echo 'import os, sys; print(os.environ[\"GREETING\"] + \", \" + sys.argv[1] + "
+                                   "\"!\")' > /app/greet.py"),
 }
 
 # The shell tool of each CLI (the name the gateway shows in the chat body's `tools`), as tests/e2e calls it.

@@ -703,8 +703,9 @@ def test_a_sandbox_that_cannot_start_is_a_sandbox_error(isolated, run_dir):
     bad = (sb.Mount(s.app / "main.py", "/usr/polar-no-such-mountpoint/x"),)  # inside the read-only /usr
     with pytest.raises(sb.SandboxError, match="did not start"):
         s.run(isolated, ["true"], mounts=bad)
-    with pytest.raises(sb.SandboxError, match="reserved"):
-        s.run(isolated, ["true"], mounts=(sb.Mount(s.app, "/run/polar/x"),))
+    for reserved in ("/run/polar/relay.py", "/run/polar/ready/x", "/proc/x", "/run/polar"):
+        with pytest.raises(sb.SandboxError, match="reserved"):  # the control directory's own files stay its own
+            s.run(isolated, ["true"], mounts=(sb.Mount(s.app, reserved),))
     # an agent that fails is not one: command not found is the agent's exit code
     result, _, err = s.run(isolated, ["polar-no-such-command"])
     assert result.exit_code == 127 and "polar-no-such-command" in err

@@ -4,7 +4,8 @@
 2.x  task ids: the directory's name, the pattern, unique across TASKS
 3.x  task.toml: TOML errors with their line, the four numbers read and checked, unknown keys kept
 4.x  instruction.md, tests/test.sh, solution/, agent/
-5.x  the start state: environment/workdir/, none, or an image-only environment/ refused unless allow_image
+5.x  the start state: environment/workdir/, none, an image task (a Dockerfile, a compose file or docker_image), or
+     other files refused; the Harbor [environment] keys read and checked
 6.x  the contract: frozen, hashable, every error one line naming the task
 """
 
@@ -78,8 +79,8 @@ def test_1_1_a_task_directory_gives_one_task_with_every_field(tmp_path):
         id="fix-bug", path=path, instruction="Do it.\n", agent_timeout_sec=600.0, verifier_timeout_sec=30.5,
         cpus=2.0, memory_mb=4096, workdir=path / "environment" / "workdir", tests_dir=path / "tests",
         solution_dir=path / "solution", agent_dir=path / "agent",
-        extra={"version": "1.0", "metadata": {"author_name": "Polar", "tags": ["x"]}, "agent": {"user": "agent"},
-               "environment": {"storage_mb": 10240}})
+        extra={"version": "1.0", "metadata": {"author_name": "Polar", "tags": ["x"]}, "agent": {"user": "agent"}},
+        storage_mb=10240)
     assert type(task.agent_timeout_sec) is float and type(task.cpus) is float and type(task.memory_mb) is int
 
 
@@ -260,12 +261,36 @@ def test_5_2_an_empty_environment_is_an_empty_start_state(tmp_path):
     ("docker-compose.yaml", "a compose file"),
     ("compose.yml", "a compose file"),
 ])
-def test_5_3_an_image_only_environment_is_refused_unless_allow_image(tmp_path, image_file, what):
+def test_5_3_an_image_only_environment_is_an_image_task(tmp_path, image_file, what):
     path = make_task(tmp_path, "t1", workdir=False, files={f"environment/{image_file}": "FROM scratch\n"})
-    assert refused([path]) == (
-        f"task t1: environment/ has only {what} (no image registry is reachable here); add environment/workdir/, "
-        f"or run with --sandbox docker --image IMAGE")
-    assert load_tasks([path], allow_image=True)[0].workdir is None
+    [task] = load_tasks([path])
+    assert task.image_task and task.workdir is None and task.docker_image is None
+
+
+def test_5_3b_docker_image_makes_an_image_task_and_harbor_keys_are_read(tmp_path):
+    toml = ('[environment]\ndocker_image = " python:3.12-slim "\nstorage_mb = 512\nbuild_timeout_sec = 90\n'
+            'allow_internet = false\n[environment.env]\nGREETING = "Hi"\n')
+    path = make_task(tmp_path, "t1", toml, workdir=False)
+    [task] = load_tasks([path])
+    assert (task.image_task, task.docker_image, task.storage_mb, task.build_timeout_sec, task.allow_internet,
+            task.env) == (True, "python:3.12-slim", 512, 90.0, False, {"GREETING": "Hi"})
+    assert "environment" not in task.extra
+    [plain] = load_tasks([make_task(tmp_path, "t2")])
+    assert not plain.image_task and plain.env == {} and plain.allow_internet is None
+
+
+@pytest.mark.parametrize("body,problem", [
+    ("docker_image = 3", "docker_image = 3 is not an image reference"),
+    ("docker_image = \"\"", "docker_image = '' is not an image reference"),
+    ("env = {A = 1}", "env is not a table of NAME = \"string\" entries"),
+    ("env = {\"1A\" = \"x\"}", "env is not a table of NAME = \"string\" entries"),
+    ("allow_internet = \"yes\"", "allow_internet = 'yes' is not true or false"),
+    ("storage_mb = 1.5", "storage_mb = 1.5 is not a positive whole number"),
+    ("build_timeout_sec = 0", "build_timeout_sec = 0 is not a positive number of seconds"),
+])
+def test_5_3c_bad_harbor_environment_keys_are_refused_in_one_line(tmp_path, body, problem):
+    path = make_task(tmp_path, "t1", f"[environment]\n{body}\n")
+    assert refused([path]).startswith(f"task t1: task.toml [environment] {problem}"), refused([path])
 
 
 def test_5_4_a_dockerfile_beside_workdir_is_fine(tmp_path):
@@ -275,9 +300,9 @@ def test_5_4_a_dockerfile_beside_workdir_is_fine(tmp_path):
 
 def test_5_5_other_files_in_environment_without_workdir_are_refused(tmp_path):
     path = make_task(tmp_path, "t1", workdir=False, files={"environment/app.py": "", "environment/data.csv": ""})
-    assert refused([path]) == ("task t1: environment/ holds app.py, data.csv but no workdir/ (nothing there reaches "
-                               "/app); move the start state into environment/workdir/")
-    assert "no workdir/" in refused([path], allow_image=True)
+    assert refused([path]) == ("task t1: environment/ holds app.py, data.csv but no workdir/ and no Dockerfile "
+                               "(nothing there reaches the sandbox); move the start state into environment/workdir/, "
+                               "or add the Dockerfile that uses it")
 
 
 def test_5_6_workdir_and_environment_must_be_directories(tmp_path):

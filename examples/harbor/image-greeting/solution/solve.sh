@@ -1,0 +1,7 @@
+#!/bin/bash
+cat > /app/greet.py <<'PY'
+import os
+import sys
+
+print(f"{os.environ['GREETING']}, {sys.argv[1]}!")
+PY

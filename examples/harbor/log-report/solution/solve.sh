@@ -1,0 +1,3 @@
+#!/bin/bash
+cd /app
+awk '{print $9}' access.log | sort | uniq -c | awk '{print $2, $1}' | sort -n > report.txt
