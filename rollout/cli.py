@@ -23,6 +23,19 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _environment_arguments(p: argparse.ArgumentParser) -> None:
+    """Where a task runs: its own image (Dockerfile, docker_image), a mapped one, or one for every task."""
+    p.add_argument("--image", metavar="IMAGE",
+                   help="run every task in this image (a local reference; --image-map applies) instead of the "
+                        "environment each task names (default: each task's own)")
+    p.add_argument("--image-map", action="append", default=[], metavar="REF=LOCAL",
+                   help="use the local image LOCAL wherever a task names REF (FROM lines, docker_image); repeatable; "
+                        "@FILE reads one REF=LOCAL a line (scripts/setup --images writes .cache/images/image-map.txt)")
+    p.add_argument("--build-network", choices=("none", "host"), default=None,
+                   help="the network of a task's Dockerfile build: none, or host (RUN pip/apt reach the registries "
+                        "this machine reaches — and its loopback services) (default: none)")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="polar-rollout",
@@ -45,15 +58,7 @@ def parser() -> argparse.ArgumentParser:
                    help=f"samples at once (default: the machine's cores, {os.cpu_count()})")
     p.add_argument("--sandbox", choices=("bwrap", "docker", "none"),
                    help="bwrap | docker | none (none: on the host, rewards not isolation-safe) (default: bwrap)")
-    p.add_argument("--image", metavar="IMAGE",
-                   help="run every task in this image (a local reference; --image-map applies) instead of the "
-                        "environment each task names (default: each task's own)")
-    p.add_argument("--image-map", action="append", default=[], metavar="REF=LOCAL",
-                   help="use the local image LOCAL wherever a task names REF (FROM lines, docker_image); repeatable; "
-                        "@FILE reads one REF=LOCAL a line (scripts/setup --images writes .cache/images/image-map.txt)")
-    p.add_argument("--build-network", choices=("none", "host"), default=None,
-                   help="the network of a task's Dockerfile build: none, or host (RUN pip/apt reach the registries "
-                        "this machine reaches — and its loopback services) (default: none)")
+    _environment_arguments(p)
     p.add_argument("--model", metavar="M", help="model name passed to the CLI (default: the CLI's own)")
     p.add_argument("--agent-timeout", type=_seconds, metavar="S",
                    help="agent time limit, seconds (default: task.toml [agent] timeout_sec, else 600)")

@@ -53,6 +53,7 @@ PROXY_BUILD_ARGS = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "N
 # made in an exported root filesystem, so bwrap can mount there over a read-only root (rollout/sandbox.py)
 MOUNT_POINTS = ("/run/polar", "/home/agent", "/tmp", "/proc", "/dev", "/tests", "/logs/verifier")
 TAG_PART = re.compile(r"[^a-z0-9._-]+")
+STANDIN_PREFIX = "polar-standin/"  # rollout/standins.py's local names
 
 
 class EnvironmentError_(RuntimeError):
@@ -116,6 +117,21 @@ class Docker:
             return None
         docs = json.loads(p.stdout or b"[]")
         return docs[0] if docs else None
+
+    def local(self, ref: str) -> dict | None:
+        """inspect(ref); a stand-in (`scripts/setup --images`) not yet in this daemon is loaded from its tarball."""
+        info = self.inspect(ref)
+        if info is None and ref.startswith(STANDIN_PREFIX):
+            from polar.rollout import standins
+
+            try:
+                found = [s for s in standins.cached_standins() if s.local == ref]
+                if found:
+                    standins.load_standins(found, docker=self.exe)
+                    info = self.inspect(ref)
+            except standins.StandinError as exc:
+                raise EnvironmentError_(f"{ref}: {exc}") from None
+        return info
 
     def buildkit(self) -> bool:
         """Whether `docker build` here can use BuildKit (the buildx plugin answers)."""
@@ -186,7 +202,7 @@ def _image_env(task, choice, opts: PhaseOptions, docker: Docker, buildkit: bool,
         local = opts.image_map.lookup(named) or named
         if local != named:
             subs = ((named, local),)
-        info = docker.inspect(local)
+        info = docker.local(local)
         if info is None:
             raise EnvironmentError_(_missing(named, local))
         image = local
@@ -227,7 +243,7 @@ def _build(task, choice, opts: PhaseOptions, docker: Docker, buildkit: bool, log
                                 f"(an ARG without a default?); give the ARG a default")
     base_ids: dict[str, str] = {}
     for ref in [*rewritten.local_bases, *(b.text for b in rewritten.unmapped)]:
-        info = docker.inspect(ref)
+        info = docker.local(ref)
         if info is None:
             original = next((s.original for s in rewritten.substitutions if s.local == ref), ref)
             raise EnvironmentError_(_missing(original, ref))
@@ -243,8 +259,8 @@ def _build(task, choice, opts: PhaseOptions, docker: Docker, buildkit: bool, log
     timeout = task.build_timeout_sec or DEFAULT_BUILD_TIMEOUT
     log(f"task {task.id}: building {choice.source} as {tag} (--build-network {opts.build_network}, "
         f"timeout {timeout:g} s; log {log_path})")
-    cmd = ["build", "--network", opts.build_network, "--label", f"org.polar.environment.key={key}",
-           "--label", f"org.polar.environment.task={task.id}", "-t", tag, "-f", "-"]
+    # no --label: the legacy builder adds a step (a layer) for it; the key is in the tag
+    cmd = ["build", "--network", opts.build_network, "-t", tag, "-f", "-"]
     for name in PROXY_BUILD_ARGS:
         if os.environ.get(name):
             cmd += ["--build-arg", f"{name}={os.environ[name]}"]

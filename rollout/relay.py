@@ -8,11 +8,11 @@ plain-HTTP request is sent with `Connection: close` and its body (Content-Length
 second request can ride on the connection under a session of the client's choosing. An origin-form request (an
 agent whose base URL is the relay's address, --connect base-url) also gets the proxy's own address as its Host.
 
-Sandbox end (`python3 relay.py sandbox ...`, stdlib only, run with the system /usr/bin/python3 inside the sandbox):
-the wrapper the sandbox starts. It reads the agent's environment from a JSON file, drops to the unprivileged uid
-when it starts as root (bwrap as root), listens on 127.0.0.1:PORT in the sandbox's own loopback and forwards each
-connection to the socket, sets HTTPS_PROXY/https_proxy to it (with POLAR_CONNECT=base_url: fills its address
-into the base-URL variables instead, and sets no proxy), signals "ready" on a FIFO (the host tells a sandbox
+Sandbox end (`python3 relay.py sandbox ...`, stdlib only, run by the sandbox's python: the host's, or in an image
+the runtime's): the wrapper the sandbox starts. It reads the agent's environment from a JSON file, drops to the
+unprivileged uid when it starts as root (bwrap as root), listens on 127.0.0.1:PORT in the sandbox's own loopback and
+forwards each connection to the socket, sets HTTPS_PROXY/https_proxy to it (with POLAR_CONNECT=base_url: fills its
+address into the base-URL variables instead, and sets no proxy), signals "ready" on a FIFO (the host tells a sandbox
 that never started — an infrastructure failure — from an agent that failed), then runs the agent as its child and
 exits with the agent's status (128+N for signal N), reaping orphans (it may be pid 1 in a container).
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import selectors
@@ -91,12 +92,9 @@ def pump(a: socket.socket, b: socket.socket) -> None:
 
 def _close(*socks: socket.socket | None) -> None:
     for s in socks:
-        if s is None:
-            continue
-        try:
-            s.close()
-        except OSError:
-            pass
+        if s is not None:
+            with contextlib.suppress(OSError):
+                s.close()
 
 
 # ---------------------------------------------------------------------------------------------- the host end
@@ -163,10 +161,8 @@ def rewrite_head(head: bytes, auth: str, origin_host: bytes | None = None) -> tu
 def _reply(sock: socket.socket, status: str, message: str) -> None:
     body = f"polar sandbox relay: {message}\n".encode()
     head = f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
-    try:
+    with contextlib.suppress(OSError):
         sock.sendall(head.encode() + body)
-    except OSError:
-        pass
 
 
 def _read_head(client: socket.socket) -> tuple[bytes | None, bytes]:
@@ -401,8 +397,7 @@ def _listen(env: dict[str, str], proxy_user_name: str | None, port: int, all_pro
         return listener
     env["HTTPS_PROXY"] = env["https_proxy"] = f"http://{proxy_user_name or 'sandbox'}:x@{address}"
     if all_proxies:  # a tripwire: plain-HTTP clients (an http:// index) are caught too
-        for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
-            env[name] = env["HTTPS_PROXY"]
+        env.update(dict.fromkeys(("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"), env["HTTPS_PROXY"]))
     env["NO_PROXY"] = env["no_proxy"] = ""
     return listener
 

@@ -104,8 +104,8 @@ class _Attempt:
         timeout = _agent_timeout(ctx, job)
         spec = sb.SandboxSpec(kind=ctx.sandbox, app=app, home=home, mounts=mounts, env=env,
                               proxy_port=ctx.proxy_port, session=self.session, memory_mb=job.task.memory_mb,
-                              cpus=job.task.cpus, image=ctx.image, label=ctx.run_id, control_files=control_files,
-                              **image_fields(ctx, tenv, job.task))
+                              cpus=job.task.cpus, label=ctx.run_id, control_files=control_files,
+                              **{"image": ctx.image, **image_fields(ctx, tenv, job.task)})
         self.detail["agent"] = {"argv": argv, "env": _shown_env(env),
                                 "mounts": [[str(m.host), m.inside, m.writable] for m in mounts], "timeout_s": timeout}
         self.lap("setup")

@@ -48,11 +48,9 @@ apart from one that failed.
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import signal
-import stat
 import subprocess
 import tarfile
 import threading
@@ -63,7 +61,7 @@ from pathlib import Path
 
 from polar.rollout.cgroup import _Cgroup, limit_memory  # noqa: F401 (_Cgroup: the tests patch its create)
 from polar.rollout.control import (CONTROL, CONTROL_PREFIX, OWNER_FILE, SANDBOX_VAR,  # noqa: F401
-                                   ControlDir, _control_base, _start_ticks)
+                                   ControlDir, sweep_stale_controls)
 
 KINDS = ("bwrap", "docker", "none")
 UID = GID = 1000
@@ -321,67 +319,6 @@ class _Control(ControlDir):
         env["HOME"] = str(spec.home) if spec.kind == "none" else HOME
         env.setdefault("PATH", DEFAULT_PATH)
         super().__init__(spec, owner, env)
-
-
-def _owner_doc(d: Path) -> dict | None:
-    """The OWNER_FILE of a control directory this uid made, else None (not ours, not one, or not written yet)."""
-    try:
-        st = os.lstat(d)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
-            return None
-        doc = json.loads((d / OWNER_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and isinstance(doc.get("pid"), int) else None
-
-
-def _kill_left_behind(ctl: str) -> int:
-    """SIGKILL what a dead run's `none` sandbox left: its wrapper (argv names ctl/relay.py) and every process whose
-    environment names the directory (SANDBOX_VAR: the agent and what it started, whatever its process group).
-    Returns how many."""
-    var, wrapper, n = f"{SANDBOX_VAR}={ctl}".encode(), f"{ctl}/relay.py".encode(), 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if wrapper in argv or var in env:
-            try:
-                os.kill(int(entry), signal.SIGKILL)
-                n += 1
-            except OSError:
-                pass
-    return n
-
-
-def sweep_stale_controls(bases: list[str] | None = None) -> tuple[int, int]:
-    """Remove the control directories whose owner process is gone (a runner killed with -9 never removes its own),
-    after killing what their `none` sandboxes left running. Only directories made here (OWNER_FILE) by this uid,
-    and only when the owner's pid is dead or now another process (start time) — never a live run's.
-    Returns (directories removed, processes killed)."""
-    removed = killed = 0
-    for base in bases if bases is not None else sorted({_control_base(), "/tmp"}):
-        try:
-            names = sorted(n for n in os.listdir(base) if n.startswith(CONTROL_PREFIX))
-        except OSError:
-            continue
-        for name in names:
-            d = Path(base) / name
-            doc = _owner_doc(d)
-            if doc is None:
-                continue
-            start = _start_ticks(doc["pid"])
-            if start is not None and doc.get("start") in (None, start):
-                continue  # its owner lives
-            killed += _kill_left_behind(str(d))
-            shutil.rmtree(d, ignore_errors=True)
-            removed += 1
-    return removed, killed
 
 
 # ---------------------------------------------------------------------------------------------- command lines

@@ -106,8 +106,8 @@ def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict,
     from polar.rollout.sample import image_fields
 
     spec = sb.SandboxSpec(kind=ctx.sandbox, app=vapp, home=vhome, mounts=mounts, env=env, proxy_port=None,
-                          session=None, memory_mb=job.task.memory_mb, cpus=job.task.cpus, image=ctx.image,
-                          label=ctx.run_id, tripwire=boxed, **image_fields(ctx, tenv, job.task))
+                          session=None, memory_mb=job.task.memory_mb, cpus=job.task.cpus, label=ctx.run_id,
+                          tripwire=boxed, **{"image": ctx.image, **image_fields(ctx, tenv, job.task)})
     lap("setup")
     log = sample_dir / "verifier.log"
     try:

@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar.rollout import control
 from polar.rollout import sandbox as sb
 from polar.rollout.relay import HostRelay, proxy_user
 
@@ -69,9 +70,9 @@ class Slot:
     def __init__(self, key: SlotKey, env: dict[str, str]):
         self.key = key
         # named and owned like a control directory, so a dead runner's slot is swept like its sandboxes' are
-        self.root = Path(tempfile.mkdtemp(prefix=f"{sb.CONTROL_PREFIX}warm-", dir=sb._control_base()))
+        self.root = Path(tempfile.mkdtemp(prefix=f"{sb.CONTROL_PREFIX}warm-", dir=control._control_base()))
         tmp = self.root / f".{sb.OWNER_FILE}.tmp"
-        tmp.write_text(json.dumps({"pid": os.getpid(), "start": sb._start_ticks(os.getpid()), "kind": "warm",
+        tmp.write_text(json.dumps({"pid": os.getpid(), "start": control._start_ticks(os.getpid()), "kind": "warm",
                                    "created": time.time()}))
         os.replace(tmp, self.root / sb.OWNER_FILE)
         self.app, self.home, self.io = self.root / "app", self.root / "home", self.root / "io"

@@ -195,7 +195,7 @@ def test_2_2_bad_input_exits_2_with_one_line(tmp_path, capsys):
         ([*base, "--agent", "python:nocolon"], "expected python:MODULE:FUNC"),
         ([*base, "--agent", "codex:openai"], "only pi takes a provider"),
         ([*base, "--agent", AGENT, "--resume"], "has no run.json"),
-        ([*base, "--agent", AGENT, "--image", "x"], "--image applies to --sandbox docker only"),
+        ([*base, "--agent", AGENT, "--image", "x"], "--image runs every task in that image: it needs --sandbox"),
         ([*base, "--agent", AGENT, "--proxy-set", "polar_flows=/x"], "writes to RUN/flows"),
         ([str(tmp_path / "missing"), "--out", str(out), "--agent", AGENT, "--sandbox", "none"], "no such file"),
     ]

@@ -19,6 +19,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from polar.rollout.control import _start_ticks
 from polar.rollout import sandbox as sb
 from polar.rollout.relay import HeadError, HostRelay, basic_auth, rewrite_head
 from tests.support.need import BASE, SYSTEM, need
@@ -599,7 +600,7 @@ sb.run_sandboxed(sb.SandboxSpec(kind="none", app=base / "app", home=base / "home
 
 
 def _alive(pid: int) -> bool:
-    return sb._start_ticks(pid) is not None  # a zombie is gone
+    return _start_ticks(pid) is not None  # a zombie is gone
 
 
 def _wrapper_running(control: Path) -> bool:
@@ -664,7 +665,7 @@ def _control_dir(base: Path, name: str, owner: dict | str | None) -> Path:
 
 
 def test_the_sweep_removes_only_dead_owners_control_dirs_and_kills_what_they_left(tmp_path):
-    me, start = os.getpid(), sb._start_ticks(os.getpid())
+    me, start = os.getpid(), _start_ticks(os.getpid())
     child = subprocess.Popen(["true"])
     child.wait()
     dead = {"pid": child.pid, "start": 1}

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from polar.rollout import control
 from polar.rollout import sandbox as sb
 from tests.rollout.rollout_support import AGENT, explain, latest, make_task, results, rollout, start_rollout
 from tests.support.need import need_sandbox
@@ -111,7 +112,7 @@ def test_1_3_warm_agents_is_for_python_agents_in_bwrap_only(tmp_path, upstream, 
 
 def _slot_dirs_of(pid: int) -> list[Path]:
     out = []
-    for base in sorted({sb._control_base(), "/tmp"}):
+    for base in sorted({control._control_base(), "/tmp"}):
         for d in Path(base).glob(f"{sb.CONTROL_PREFIX}warm-*"):
             try:
                 if json.loads((d / sb.OWNER_FILE).read_text())["pid"] == pid:

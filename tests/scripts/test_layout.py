@@ -166,11 +166,11 @@ def test_3_2_run_files_are_read_and_written_only_through_polar_launch_runfiles()
 
 def test_3_3_process_identity_has_one_home():
     """"Is this pid alive and one of ours" is decided in one place, launch/process.py (a pid's command line against
-    the caller's marker). rollout/sandbox.py also reads command lines, to sweep what a dead run's sandboxes left
+    the caller's marker). rollout/control.py also reads command lines, to sweep what a dead run's sandboxes left
     (by their environment, not a pid's identity)."""
     files = _package_files() + [ROOT / s for s in SCRIPTS if (ROOT / s).is_file()]
     where = sorted(str(p.relative_to(ROOT)) for p in files if "/cmdline" in p.read_text())
-    assert where == ["launch/process.py", "rollout/sandbox.py"]
+    assert where == ["launch/process.py", "rollout/control.py"]
 
 
 # The two internal notes' names, spelt in pieces so that this file does not name them itself.
