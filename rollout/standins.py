@@ -9,8 +9,8 @@ Rules. Each violation is a `StandinError` whose text is one line naming the fix.
 1. STANDINS are `debian:bookworm-slim` → `polar-standin/debian:bookworm-slim` and `python:3.12-slim` →
    `polar-standin/python:3.12-slim`. Each is a rootfs tarball `NAME.tar` in the cache, a `NAME.json` saying what it
    really is (reference, builder, Debian packages with versions, CPython version and the prefix it came from, the CA
-   bundle's and the tarball's sha256, the build time) and a stamp `NAME.key`, written last. The cache is the
-   checkout's .cache/images (never committed), else $XDG_CACHE_HOME/polar/images (~/.cache/polar/images).
+   bundle's and the tarball's sha256, the build time) and a stamp `NAME.key`, written last. The cache is
+   $POLAR_IMAGES_DIR, else the checkout's .cache/images (never committed), else ~/.cache/polar/images.
 2. The mirror is the `mirror` argument, else the URI of the host's apt source for the suite
    (/etc/apt/sources.list.d/*.sources, then *.list and /etc/apt/sources.list), else http://deb.debian.org/debian.
    It is an http or https URI, and its `dists/bookworm/InRelease` answers before anything is built. The host's
@@ -116,13 +116,11 @@ class Standin:
 
 
 def default_cache() -> Path:
-    """The checkout's .cache/images (ignored by git), else $XDG_CACHE_HOME/polar/images for an installed package."""
+    """The project's image cache (launch.paths.images_dir): $POLAR_IMAGES_DIR, else the checkout's .cache/images
+    (ignored by git), else ~/.cache/polar/images for an installed package."""
     from polar.launch import paths
 
-    root = paths.checkout_root()
-    if root is not None:
-        return root / ".cache" / "images"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "polar" / "images"
+    return paths.images_dir()
 
 
 def host_apt_sources(root: Path = Path("/")) -> list[tuple[str, str, str]]:
