@@ -135,3 +135,34 @@ def dockerd():
             yield host
     except DockerdUnavailable as e:  # raised at the start only, before the yield
         need(str(e), setup=SYSTEM)
+
+
+@pytest.fixture(scope="session")
+def images(dockerd, tmp_path_factory):
+    """The stand-in bases (rollout/standins.py, `scripts/setup --images`) loaded into the private dockerd, and the
+    --image-map file naming them."""
+    from polar.rollout import standins
+    from tests.support.need import IMAGES, need
+
+    try:
+        built = standins.build_standins()
+    except standins.StandinError as exc:
+        need(str(exc), setup=IMAGES)
+    loaded = standins.load_standins(built)
+    map_file = tmp_path_factory.mktemp("images") / "image-map.txt"
+    map_file.write_text("\n".join(standins.image_map_lines(built)) + "\n")
+    return {"map": map_file, "loaded": loaded, "host": dockerd}
+
+
+@pytest.fixture(scope="session")
+def cache_dir():
+    """The images cache (.cache/images: the stand-ins, the runtime, the exports); the exports of this session's images
+    (their ids are new in every private dockerd) are removed after the session."""
+    from polar.launch import paths
+
+    root = paths.images_dir()
+    before = {d: set(os.listdir(root / d)) if (root / d).is_dir() else set() for d in ("rootfs", "workdirs")}
+    yield root
+    for d, names in before.items():
+        for name in set(os.listdir(root / d)) - names if (root / d).is_dir() else ():
+            subprocess.run(["rm", "-rf", str(root / d / name)], check=False)

@@ -32,7 +32,7 @@ from polar.rollout.tasks import load_tasks
 from tests.e2e.conftest import require_cli
 from tests.rollout.cli_policy import CliPolicy
 from tests.rollout.rollout_support import HERE, explain, latest, results, rollout, rollout_env
-from tests.support.need import need, need_sandbox
+from tests.support.need import need_sandbox
 
 pytestmark = pytest.mark.integration
 
@@ -41,35 +41,6 @@ EXAMPLES = ROOT / "examples" / "harbor"
 TASKS = ("dir-tree", "image-greeting", "log-report")
 PYTHON_STANDIN = "polar-standin/python:3.12-slim"
 TIMEOUT = 400
-
-
-@pytest.fixture(scope="module")
-def images(dockerd, tmp_path_factory):
-    """The stand-in bases loaded into the private dockerd, and the --image-map file naming them."""
-    from polar.rollout import standins
-
-    try:
-        built = standins.build_standins()
-    except standins.StandinError as exc:
-        need(str(exc), setup="scripts/setup --images")
-    loaded = standins.load_standins(built)
-    map_file = tmp_path_factory.mktemp("images") / "image-map.txt"
-    map_file.write_text("\n".join(standins.image_map_lines(built)) + "\n")
-    return {"map": map_file, "loaded": loaded, "host": dockerd}
-
-
-@pytest.fixture(scope="module")
-def cache_dir():
-    """The images cache (.cache/images: the stand-ins, the runtime, the exports); the exports of this module's images
-    (their ids are new in every private dockerd) are removed after it."""
-    from polar.launch import paths
-
-    root = paths.images_dir()
-    before = {d: set(os.listdir(root / d)) if (root / d).is_dir() else set() for d in ("rootfs", "workdirs")}
-    yield root
-    for d, names in before.items():
-        for name in set(os.listdir(root / d)) - names if (root / d).is_dir() else ():
-            subprocess.run(["rm", "-rf", str(root / d / name)], check=False)
 
 
 def harbor_copy(root: Path, *, agent: bool = True) -> Path:

@@ -18,6 +18,11 @@ RUN/samples/probe/<k>/0/verifier/probe.json, the scripted upstream's requests an
   /v1/load_lora_adapter, /metrics, …) get the gateway's 4xx and never reach the backend;
 - what every sample shares (the venv, the agent folder, the Python installation, /usr, /etc, /run/polar) is read-only.
 
+The same run again with the task in its own image (environment/Dockerfile FROM python:3.12-slim, the stand-in mapped
+in; rollout/environments.py): bwrap over the exported root and docker over the image itself. There the sandbox
+runtime (/run/polar/rt), the agent's modules and folder (/run/polar/lib, /run/polar/agent) and the image's own system
+are what is shared and read-only, and the host's own programs (bwrap, dockerd, …) are not there at all.
+
 The loopback scan counts `self-connect`s apart: an ephemeral port picked as its own source port connects a socket to
 itself (TCP simultaneous open), with no listener behind it.
 """
@@ -38,7 +43,8 @@ from pathlib import Path
 import pytest
 
 from polar import records as rec
-from polar.rollout import runner, sandbox
+from polar.rollout import agentcmd, runner, sandbox
+from polar.rollout.runtime import INSIDE as RUNTIME
 from tests.rollout.rollout_support import HERE, explain, make_task, results, rollout, rollout_env
 from tests.support.need import need_sandbox
 from tests.support.scripted_upstream import Reply
@@ -71,6 +77,16 @@ WRITE_TARGETS = [f"{runner.IN_VENV}/probe-write", f"{runner.IN_VENV}/pyvenv.cfg"
                  f"{runner.IN_LIB}/polar/rollout/pyagent.py", f"{runner.IN_LIB}/probe-write",
                  f"{sandbox.CONTROL}/probe-write", f"{sandbox.CONTROL}/relay.py", f"{sys.base_prefix}/probe-write",
                  "/usr/probe-write", "/etc/probe-write", "/etc/passwd", "/probe-write"]
+# In a task's own image: the sandbox runtime, the agent's modules and folder, the control files, the image's system
+IMAGE_WRITE_TARGETS = [f"{RUNTIME}/probe-write", f"{RUNTIME}/bin/python3", f"{RUNTIME}/venv/pyvenv.cfg",
+                       f"{RUNTIME}/venv/lib/python3.12/site-packages/probe-write",
+                       f"{agentcmd.IMAGE_LIB}/polar/rollout/pyagent.py", f"{agentcmd.IMAGE_LIB}/probe-write",
+                       f"{agentcmd.IMAGE_AGENT_DIR}/probeagent.py", f"{agentcmd.IMAGE_AGENT_DIR}/probe-write",
+                       f"{sandbox.CONTROL}/probe-write", f"{sandbox.CONTROL}/relay.py", "/usr/local/bin/python3",
+                       "/usr/probe-write", "/etc/probe-write", "/etc/passwd", "/probe-write"]
+# The host's own programs, which no task image holds (those this host has)
+HOST_ONLY = ("/usr/bin/bwrap", "/usr/bin/dockerd", "/usr/bin/mmdebstrap", "/usr/bin/patchelf", "/usr/bin/chromium")
+IMAGE_DOCKERFILE = "FROM python:3.12-slim\nWORKDIR /app\nCOPY README.md /app/\n"
 VERIFIER = """#!/usr/bin/env bash
 APP=${POLAR_APP:-/app}
 LOGS=${POLAR_LOGS:-/logs/verifier}
@@ -162,8 +178,16 @@ def _work(run: Path, k: int) -> Path:
     return run / ".work" / f"{TASK}-{k}-0"
 
 
-def _probe_task(tasks: Path, run: Path, tmp_path: Path, upstream, listener: Listener, unix_sockets: list[str]) -> Path:
+def _probe_task(tasks: Path, run: Path, tmp_path: Path, upstream, listener: Listener, unix_sockets: list[str],
+                image: bool = False) -> Path:
     task = make_task(tasks, TASK, "probe")
+    paths, writes = _host_paths(tasks, run, tmp_path), WRITE_TARGETS
+    if image:  # the same start state, as a published task builds it
+        shutil.move(task / "environment" / "workdir" / "README.md", task / "environment" / "README.md")
+        (task / "environment" / "workdir").rmdir()
+        (task / "environment" / "Dockerfile").write_text(IMAGE_DOCKERFILE)
+        paths += [p for p in HOST_ONLY if os.path.lexists(p)]
+        writes = IMAGE_WRITE_TARGETS
     (task / "tests" / "test.sh").write_text(VERIFIER)
     (task / "solution").mkdir()
     (task / "solution" / "solve.sh").write_text("#!/bin/sh\necho 42 > answer.txt\n")
@@ -172,9 +196,9 @@ def _probe_task(tasks: Path, run: Path, tmp_path: Path, upstream, listener: List
                       str(_work(run, 1 - k) / "home"), str(_work(run, 1 - k) / "home" / "marker.txt"),
                       str(_work(run, k) / "app" / "marker.txt")]  # its own, by host path, is not there either
              for k in (0, 1)}
-    cfg = {"paths": _host_paths(tasks, run, tmp_path), "other_sample_paths": other, "host_ips": _host_ips(),
+    cfg = {"paths": paths, "other_sample_paths": other, "host_ips": _host_ips(),
            "host_ports": [listener.port, upstream.port], "unix_sockets": unix_sockets,
-           "upstream_port": upstream.port, "provider_paths": PROVIDER_PATHS, "write_targets": WRITE_TARGETS,
+           "upstream_port": upstream.port, "provider_paths": PROVIDER_PATHS, "write_targets": writes,
            "full_scan": 0, "model_call_timeout_s": RENDEZVOUS_DEADLINE_S + 10,
            # sample 0 claims sample 1's real session, sample 1 another run's
            "spoofed_session": {"0": f"{RUN_ID}/{TASK}/1/0", "1": f"r-other/{TASK}/9/0"}}
@@ -214,27 +238,34 @@ class Rendezvous(threading.Thread):
         up.release(self.n)
 
 
-@pytest.mark.parametrize("kind", ["bwrap", "docker"])
-def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, request, monkeypatch):
-    env = rollout_env()
+@pytest.mark.parametrize("variant", ["bwrap", "docker", "bwrap-image", "docker-image"])
+def test_isolation_from_inside_the_sandbox(variant, tmp_path, upstream, listener, request, monkeypatch):
+    kind, image = variant.removesuffix("-image"), variant.endswith("-image")
+    env, extra = rollout_env(), []
     unix_sockets = ["/var/run/docker.sock", "/run/docker.sock"]
     if kind == "bwrap":
         need_sandbox("bwrap")
-    else:
+    if kind == "docker" or image:  # an image is built in the private dockerd, whichever sandbox runs it
         host = request.getfixturevalue("dockerd")
         env = rollout_env(DOCKER_HOST=host)
         unix_sockets.append(host.removeprefix("unix://"))
+    if image:
+        request.getfixturevalue("cache_dir")  # this run's exports are removed after the session
+        extra = ["--image-map", f"@{request.getfixturevalue('images')['map']}", "--build-network", "none"]
     tasks, run = tmp_path / "tasks", tmp_path / "run"
-    _probe_task(tasks, run, tmp_path, upstream, listener, unix_sockets)
+    _probe_task(tasks, run, tmp_path, upstream, listener, unix_sockets, image)
     monkeypatch.setattr(upstream, "gate_timeout", RENDEZVOUS_DEADLINE_S + 5)
     upstream.script(Reply(text="probe answer", gate=True), Reply(text="probe answer", gate=True))
     meet = Rendezvous(upstream)
     proc = rollout(str(tasks), "--agent", "python:probeagent:run", "--out", str(run), "--sandbox", kind,
                    "--upstream", upstream.base_url, "--samples", "2", "--parallel", "2", "--skip-preflight",
-                   "--no-process", "--run-id", RUN_ID, "--agent-timeout", "120", env=env, timeout=240)
+                   "--no-process", "--run-id", RUN_ID, "--agent-timeout", "120", *extra, env=env, timeout=240)
     assert proc.returncode == 0, explain(proc)
     doc = json.loads((run / "run.json").read_text())
     assert doc["isolation_safe"] is True and doc["proxy"]["other_hosts"] == "refuse"
+    if image:  # the task ran in its own built image, not on the host's system
+        env_doc = doc["environments"][TASK]
+        assert env_doc["mode"] == "image" and env_doc["image_id"].startswith("sha256:") and env_doc["substituted"], env_doc
     lines = {line["k"]: line for line in results(run)}
     assert {k: (ln["status"], ln["reward"], ln["sandbox"]) for k, ln in lines.items()} == {
         0: ("completed", 1.0, kind), 1: ("completed", 1.0, kind)}, lines
@@ -251,7 +282,7 @@ def test_isolation_from_inside_the_sandbox(kind, tmp_path, upstream, listener, r
         assert any(p.endswith("/solution/solve.sh") and "/examples/" in p for p in res["paths"])
         # nothing shared is writable
         assert all(why in ("EROFS", "EACCES", "EPERM") for why in res["writes"].values()), res["writes"]
-        assert sorted(res["writes"]) == sorted(WRITE_TARGETS)
+        assert sorted(res["writes"]) == sorted(cfg["write_targets"])
         # the other sample: its workdir and HOME by host path, while it was running; its mounts; host processes
         assert set(res["other_sample"].values()) == {"ENOENT"}, res["other_sample"]
         other = lines[1 - k]

@@ -24,11 +24,10 @@ import pytest
 from polar.rollout import standins
 from polar.rollout.images import ImageRef, parse_image_map
 from polar.rollout.standins import STANDINS, StandinError
-from tests.support.need import need
+from tests.support.need import IMAGES, need
 
 pytestmark = pytest.mark.integration
 
-IMAGES = "scripts/setup --images"
 PYTHON, DEBIAN = "polar-standin/python:3.12-slim", "polar-standin/debian:bookworm-slim"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
 # a no-op build reads a few small files and runs the prefix's python once (~0.2 s); 1 s is the promise, with room

@@ -22,6 +22,7 @@ SYSTEM = "scripts/setup --system"
 VLLM = "scripts/setup --vllm --models"
 CLIS = "scripts/setup --clis"
 TRAIN = "scripts/setup --train"
+IMAGES = "scripts/setup --images"
 BASE = "scripts/setup"
 
 
