@@ -11,7 +11,13 @@ server lifecycle (ports, waiting, readiness) the suites share.
 The reroute slice: a test marked `reroute` runs twice, `[diverted]` through the session's gateway and `[rerouted]`
 through a second one started with `polar_divert=false`, so that the request-hook path (mitmproxy's HTTPFlow, which
 the diverted default never takes) meets real mitmdump in every run, CI's included. `gateway.divert` says which it
-got. With POLAR_TEST_DIVERT=0 the whole suite is already rerouted and the slice is not doubled."""
+got. With POLAR_TEST_DIVERT=0 the whole suite is already rerouted and the slice is not doubled.
+
+Skips are counted (issue 42): each test's outcome is kept, and at the end of the session tests/known-skips.txt is
+checked against them (tests/support/known_skips.py) — a skip it does not list, a listed skip whose condition does not
+hold, a listed test that ran although its condition holds: one line each, and the session fails. Always, not only
+under CI=true: the conditions are facts about this machine, so a local run shows a stale entry as CI would; the one
+skip the list leaves out, need()'s off CI, is told apart by its exception (tests/support/need.py: NotInstalled)."""
 
 from __future__ import annotations
 
@@ -19,11 +25,15 @@ import os
 
 import pytest
 
+from tests.support import known_skips
 from tests.support.gateway import ROOT, GatewayHandle, start_gateway
+from tests.support.need import NotInstalled
 
 TOKENIZER_DIR = os.path.join(ROOT, ".cache", "models", "tokenizer")
 CAPTURES_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "captures"))
 WHOLE_SUITE_REROUTED = os.environ.get("POLAR_TEST_DIVERT") == "0"  # tests/support/gateway.py sets it on every start
+OUTCOMES: dict[str, tuple[str, str]] = {}  # node id -> (known_skips.SKIPPED | RAN | NOT_INSTALLED, the skip's reason)
+SKIP_PROBLEMS: list[str] = []
 
 
 def pytest_configure(config):
@@ -34,6 +44,43 @@ def pytest_generate_tests(metafunc):
     if metafunc.definition.get_closest_marker("reroute") and "gateway" in metafunc.fixturenames \
             and not WHOLE_SUITE_REROUTED:
         metafunc.parametrize("gateway", ["diverted", "rerouted"], indirect=True)
+
+
+def _reason(report) -> str:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    return reason.removeprefix("Skipped: ")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.skipped and not hasattr(report, "wasxfail"):
+        need_skip = call.excinfo is not None and call.excinfo.errisinstance(NotInstalled)
+        OUTCOMES[item.nodeid] = (known_skips.NOT_INSTALLED if need_skip else known_skips.SKIPPED, _reason(report))
+    elif call.when == "call":
+        OUTCOMES.setdefault(item.nodeid, (known_skips.RAN, ""))
+    return report
+
+
+def pytest_collectreport(report):
+    if report.skipped:  # a module skipped as a whole
+        OUTCOMES[report.nodeid] = (known_skips.SKIPPED, _reason(report))
+
+
+def pytest_sessionfinish(session):
+    try:
+        SKIP_PROBLEMS[:] = known_skips.check(known_skips.load(), OUTCOMES)
+    except ValueError as e:  # a malformed entry
+        SKIP_PROBLEMS[:] = [str(e)]
+    if SKIP_PROBLEMS and session.exitstatus in (pytest.ExitCode.OK, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    if SKIP_PROBLEMS:
+        terminalreporter.section("skips against tests/known-skips.txt", red=True)
+        for line in SKIP_PROBLEMS:
+            terminalreporter.write_line(line, red=True)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,9 @@ and pytest only, so any test or support module can use it.
     need(sandbox.available("bwrap"), setup="scripts/setup --system")
     need(None if shutil.which("dockerd") else "dockerd is not installed", setup="scripts/setup --system")
 
-tests/test_suite_honesty.py fails on a `pytest.skip` that names such a thing without going through here.
+tests/test_suite_honesty.py fails on a `pytest.skip` that names such a thing without going through here. The skip
+raised here is a `NotInstalled`, so that tests/known-skips.txt's check (tests/support/known_skips.py) can tell it from
+a skip that the list must name.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ IMAGES = "scripts/setup --images"
 BASE = "scripts/setup"
 
 
+class NotInstalled(pytest.skip.Exception):
+    """need()'s skip off CI: something scripts/setup installs is missing here (under CI=true need() fails instead)."""
+
+
 def in_ci() -> bool:
     """CI=true, as .ci/run's machine sets it (tests/e2e also sets CI=1 for the CLIs it starts: not this)."""
     return os.environ.get("CI", "").lower() == "true"
@@ -37,7 +43,7 @@ def need(why_not: str | None, *, setup: str = SYSTEM) -> None:
         return
     if in_ci():
         pytest.fail(f"CI installs this ({setup}), but: {why_not}", pytrace=False)
-    pytest.skip(why_not if "scripts/setup" in why_not else f"{why_not} (run {setup})")
+    raise NotInstalled(why_not if "scripts/setup" in why_not else f"{why_not} (run {setup})")
 
 
 def need_module(name: str, *, setup: str = BASE) -> None:
