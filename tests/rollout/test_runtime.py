@@ -25,8 +25,6 @@ NODE = shutil.which("node")
 XY = f"{sys.version_info[0]}.{sys.version_info[1]}"
 # native-extension packages of the venv: libstdc++/libgcc_s users (greenlet, tokenizers, numpy) and Rust ones
 NATIVE = ("orjson", "pydantic_core", "greenlet", "tokenizers", "numpy", "msgpack")
-# a deadline, not a speed: a cached call is a few thousand stats, even on a loaded 2-core machine
-CACHED_DEADLINE_S = 5.0
 
 # run inside: every shared object this process maps, after importing what the wrapper and agents use
 MAPS = """
@@ -268,9 +266,7 @@ def test_a_second_call_reuses_the_runtime_without_rebuilding(built, monkeypatch)
 
     monkeypatch.setattr(rt, "_plan", no)
     monkeypatch.setattr(rt, "_assemble", no)
-    start = time.monotonic()
     again = rt.build_runtime(built.root.parent, python=PYTHON, node=Path(NODE) if NODE else None)
-    assert time.monotonic() - start < CACHED_DEADLINE_S
     assert again == built and built.root.stat().st_mtime_ns == before
 
 
