@@ -177,9 +177,22 @@ def restart_reason(backend: Backend, weights: Path, venv: Path | None) -> str | 
     return None
 
 
-def _tensor_digests(model_dir: Path) -> dict | None:
+def _widened(chunk: bytes, dtype: str) -> bytes:
+    """A chunk of BF16 or F16 values as the F32 bytes of the same values (exact: both widen without rounding)."""
+    import numpy as np
+
+    if dtype == "BF16":
+        return (np.frombuffer(chunk, "<u2").astype("<u4") << 16).tobytes()
+    if dtype == "F16":
+        return np.frombuffer(chunk, "<f2").astype("<f4").tobytes()
+    return chunk
+
+
+def _tensor_digests(model_dir: Path, widen: bool = False) -> dict | None:
     """{tensor name: (dtype, shape, sha256 of its bytes)} over the directory's *.safetensors; None when a file is
-    not safetensors or there is no tensor (then nothing can be said to be equal)."""
+    not safetensors or there is no tensor (then nothing can be said to be equal). `widen`: BF16 and F16 tensors
+    are hashed as the F32 bytes of their values (and called F32), so a checkpoint saved in float32 from weights
+    loaded from bfloat16 files compares equal to them."""
     import hashlib
     import struct
 
@@ -199,21 +212,28 @@ def _tensor_digests(model_dir: Path) -> dict | None:
                         chunk = fh.read(min(left, 1 << 24))
                         if not chunk:
                             return None
-                        digest.update(chunk)
                         left -= len(chunk)
-                    out[name] = (meta["dtype"], tuple(meta["shape"]), digest.hexdigest())
+                        digest.update(_widened(chunk, meta["dtype"]) if widen else chunk)
+                    dtype = "F32" if widen and meta["dtype"] in ("BF16", "F16") else meta["dtype"]
+                    out[name] = (dtype, tuple(meta["shape"]), digest.hexdigest())
         except (OSError, ValueError, KeyError, TypeError, struct.error):
             return None
     return out or None
 
 
 def same_weights(a: Path, b: Path) -> bool:
-    """Two model directories hold the same tensors (names, dtypes, shapes, bytes), so the same function: a probe
-    cannot tell them apart."""
+    """Two model directories hold the same tensors (names, shapes, values: bytes, or the same values in a wider
+    float type — a trainer's float32 copy of bfloat16 files), so the same function: a probe cannot tell them
+    apart."""
     if not (a / "config.json").is_file() or ties_head(a) != ties_head(b):
         return False
-    digests = _tensor_digests(a)
-    return digests is not None and digests == _tensor_digests(b)
+    digests, others = _tensor_digests(a), _tensor_digests(b)
+    if digests is None or others is None:
+        return False
+    if digests == others:
+        return True
+    return {k: v[1] for k, v in digests.items()} == {k: v[1] for k, v in others.items()} \
+        and _tensor_digests(a, widen=True) == _tensor_digests(b, widen=True)
 
 
 def _venv_of(backend: Backend, flag: str | None) -> Path | None:

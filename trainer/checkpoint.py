@@ -24,10 +24,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "generation_config.json", "preprocessor_config.json")
 
 
-def save_checkpoint(model, out_dir: str, source_dir: str, extra=None) -> str:
+def save_checkpoint(model, out_dir: str, source_dir: str, extra=None, state_dict=None) -> str:
     """Save `model` as a complete HF directory at `out_dir` (replacing one there); returns `out_dir`. `extra(tmp)`
     writes more files into the directory before it appears (polar-train: the trainer's state, polar.trainer.state),
-    so they appear with the weights or not at all."""
+    so they appear with the weights or not at all. `state_dict`, when given, is what is saved (a distributed
+    trainer's gathered weights: accelerate's get_state_dict), `model` giving the config."""
     out_dir = os.path.abspath(out_dir)
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
@@ -36,7 +37,7 @@ def save_checkpoint(model, out_dir: str, source_dir: str, extra=None) -> str:
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True, **({} if state_dict is None else {"state_dict": state_dict}))
     for name in TOKENIZER_FILES:  # generation_config.json too: the source's stop ids and defaults, as served
         src = os.path.join(source_dir, name)
         if os.path.isfile(src):

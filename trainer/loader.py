@@ -231,6 +231,18 @@ def _mask_calls(row: dict, recorded: np.ndarray, mask: np.ndarray, reasons: dict
             mask[s:e] = 0
 
 
+def trainable_mask(row: dict, recorded: np.ndarray, calls: dict[str, CallInfo], counts: dict[str, int],
+                   leave_out_constrained: bool = True) -> np.ndarray:
+    """A copy of the row's recorded loss mask with token 0 and the completion tokens of the calls `call_reasons`
+    names masked out, counted into `counts` (the keys of COUNTS)."""
+    mask = recorded.copy()
+    mask[:1] = 0
+    reasons = call_reasons(row, calls, leave_out_constrained)
+    if reasons:
+        _mask_calls(row, recorded, mask, reasons, calls, counts)
+    return mask
+
+
 @dataclass(frozen=True)
 class Staleness:
     """A row's staleness = `current` − the oldest version among its calls, as `index` numbers them (an
@@ -288,11 +300,7 @@ def select_rows(df: pl.DataFrame, calls: dict[str, CallInfo], *, leave_out_const
             seen.append(stale)
         if why is None and stale is not None and staleness.limit is not None and stale > staleness.limit:
             why = "left_out_stale"
-        mask = masks[i].copy()
-        mask[:1] = 0
-        reasons = call_reasons(row, calls, leave_out_constrained) if why is None else {}
-        if reasons:
-            _mask_calls(row, masks[i], mask, reasons, calls, counts)
+        mask = trainable_mask(row, masks[i], calls, counts, leave_out_constrained) if why is None else masks[i]
         if why is None and not mask.any():
             why = "left_out_no_trainable"
         if why is not None:

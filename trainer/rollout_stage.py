@@ -69,19 +69,34 @@ class Started:
     t0: float
 
 
-class RolloutService:
-    """`polar-rollout serve RUN/rollout` for the run: `start()` once, `submit(step)` per step, `finish(started)` for
-    its results, `stop()` at the end (it also ends by itself when this process is gone: --parent-pid)."""
+@dataclass(frozen=True)
+class ServeSettings:
+    """What the serve and each of its runs need to know of a training run (a `Plan` has these too): the agent, the
+    model directory (its tokenizer names the end-of-turn ids when a run is processed), the proxy's sampling
+    override, the polar-rollout command line and the extra polar-rollout arguments."""
 
-    def __init__(self, plan: Plan, run: Path, url: str):
+    agent: str
+    model: str
+    sampling: str
+    rollout_cmd: str
+    rollout_opt: tuple[str, ...] = ()
+
+
+class RolloutService:
+    """`polar-rollout serve RUN/rollout` for the run: `start()` once (or `attach()` from another process of the same
+    run), `submit(step)` per step and `finish(started)` for its results (polar-train), or `ask(...)`/`answer(...)`
+    for any run, `stop()` at the end (it also ends by itself when this process is gone: --parent-pid). `plan` is a
+    `Plan` or a `ServeSettings`: only their shared fields are read outside submit/finish."""
+
+    def __init__(self, plan: Plan | ServeSettings, run: Path, url: str, directory: Path | None = None):
         self.plan, self.run, self.url = plan, run, url
-        self.dir = run / "rollout"
+        self.dir = Path(directory) if directory is not None else run / "rollout"
         self.proc: subprocess.Popen | None = None
         self.ready: protocol.Ready | None = None
-        self.each_run: list[str] = split_opts(plan.rollout_opt)[1]
+        self.each_run: list[str] = split_opts(list(plan.rollout_opt))[1]
 
     def command(self) -> list[str]:
-        serve_opts = split_opts(self.plan.rollout_opt)[0]
+        serve_opts = split_opts(list(self.plan.rollout_opt))[0]
         return [*shlex.split(self.plan.rollout_cmd), "serve", str(self.dir), "--upstream", self.url,
                 "--agent", self.plan.agent, "--parent-pid", str(os.getpid()),
                 "--proxy-set", "polar_exact=true", "--proxy-set", f"polar_sampling_override={self.plan.sampling}",
@@ -106,6 +121,14 @@ class RolloutService:
             self.ready = protocol.wait_ready(self.dir, READY_TIMEOUT, pid=self.proc.pid)
         except (protocol.ServeEnded, TimeoutError) as exc:
             self.stop()
+            raise StageFailed(0, "rollout serve", f"{exc} (log: {self.dir}/serve.log)") from None
+        return self.ready
+
+    def attach(self, timeout: float = READY_TIMEOUT) -> protocol.Ready:
+        """Use the serve another process of this run started (`start()`): wait until it is ready."""
+        try:
+            self.ready = protocol.wait_ready(self.dir, timeout)
+        except (protocol.ServeEnded, TimeoutError) as exc:
             raise StageFailed(0, "rollout serve", f"{exc} (log: {self.dir}/serve.log)") from None
         return self.ready
 
@@ -153,29 +176,38 @@ class RolloutService:
         from those)."""
         plan, run = self.plan, self.run
         t0 = time.monotonic()
-        out = step_dir(run, step)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        name = protocol.submit(self.dir, self._request(out, tasks_of_step(plan, step), plan.samples,
-                                                       f"{run.name}-{version_of(step)}", True),
-                               name=_fresh(self.dir, f"step-{step:04d}"))
+        name = self.ask(step_dir(run, step), tasks_of_step(plan, step), plan.samples, f"{run.name}-{version_of(step)}",
+                        f"step-{step:04d}")
         eval_name = None
         if evaluate:
-            ev_out = eval_dir(run, step)
-            ev_out.parent.mkdir(parents=True, exist_ok=True)
-            eval_name = protocol.submit(self.dir, self._request(ev_out, task_dirs(plan.eval_tasks),
-                                                                plan.eval_samples, f"{run.name}-eval-{step:04d}",
-                                                                False), name=_fresh(self.dir, f"eval-{step:04d}"))
+            eval_name = self.ask(eval_dir(run, step), task_dirs(plan.eval_tasks), plan.eval_samples,
+                                 f"{run.name}-eval-{step:04d}", f"eval-{step:04d}", process=False)
         return Started(step, name, eval_name, t0)
+
+    def ask(self, out: Path, tasks: list[str], samples: int, run_id: str, name: str, process: bool = True) -> str:
+        """Ask the serve for one polar-rollout run into `out` (continued when `out` holds one cut short); the
+        request's name (`name`, or a fresh variant of it)."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        return protocol.submit(self.dir, self._request(out, tasks, samples, run_id, process),
+                               name=_fresh(self.dir, name))
+
+    def answer(self, name: str, out: Path, step: int = 0, stage: str = "rollout") -> tuple[dict, float]:
+        """(the run's run.json, seconds from its request to its answer) once the serve answered `name`; a run that
+        failed, or whose processing failed, is StageFailed naming `step` and `stage`."""
+        answer = self._wait(step, name, stage)
+        if answer.exit != 0 or not (out / "run.json").is_file():
+            raise StageFailed(step, stage, f"polar-rollout exit {answer.exit}: {answer.error or 'see its log'} "
+                                           f"(log: {answer.log})")
+        doc = json.loads((out / "run.json").read_text())
+        processed = doc.get("processed") or {}
+        if processed.get("exit") != 0 or not (out / "out" / "batches").is_dir():
+            raise StageFailed(step, "process", f"polar-process exit {processed.get('exit')} ({out}/process.log)")
+        return doc, answer.seconds
 
     def finish(self, started: Started) -> tuple[dict, float, dict | None]:
         """(the step's run.json, seconds from its request to its answer, the evaluation's rewards or None)."""
         step, run = started.step, self.run
-        answer = self._wait(step, started.name, "rollout")
-        seconds = answer.seconds
-        out = step_dir(run, step)
-        if answer.exit != 0 or not (out / "run.json").is_file():
-            raise StageFailed(step, "rollout", f"polar-rollout exit {answer.exit}: {answer.error or 'see its log'} "
-                                               f"(log: {answer.log})")
+        doc, seconds = self.answer(started.name, step_dir(run, step), step)
         evaluation = None
         if started.eval_name is not None:
             ev = self._wait(step, started.eval_name, "evaluation")
@@ -183,10 +215,6 @@ class RolloutService:
                 raise StageFailed(step, "evaluation", f"polar-rollout exit {ev.exit}: {ev.error or 'see its log'} "
                                                       f"(log: {ev.log})")
             evaluation = rewards_of(eval_dir(run, step))
-        doc = json.loads((out / "run.json").read_text())
-        processed = doc.get("processed") or {}
-        if processed.get("exit") != 0 or not (out / "out" / "batches").is_dir():
-            raise StageFailed(step, "process", f"polar-process exit {processed.get('exit')} ({out}/process.log)")
         return doc, seconds, evaluation
 
     def _wait(self, step: int, name: str, stage: str) -> protocol.RolloutResponse:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The trainer environment (docs/architecture.md#the-trainer-side): `.venv-train`, Python 3.11 (the interpreter
-# .venv-vllm uses), with the project and its [train] extra. torch is pinned to 2.13.0: on a CPU machine the local `+cpu`
+# .venv-vllm uses), with the project and its [train] and [trl] extras. torch is pinned to 2.13.0: on a CPU machine the local `+cpu`
 # wheel pip finds (docs/field-notes.md); PyPI's plain torch would pull the CUDA build, so a machine without that wheel
 # fails here in seconds.
 #
@@ -12,7 +12,7 @@ ROOT="${POLAR_ROOT:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)}"
 VENV="${POLAR_TRAIN_VENV:-$ROOT/.venv-train}"
 STAMP="$VENV/.polar-setup.stamp"
 LOG_DIR="$ROOT/.cache/setup-logs"
-spec="train $(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
+spec="train,trl $(sha256sum "$ROOT/pyproject.toml" | cut -c1-16)"
 
 say() { printf 'setup --train: %s\n' "$*" >&2; }
 die() { say "ERROR: $*"; exit 1; }
@@ -35,8 +35,8 @@ if [[ ! -x "$VENV/bin/python" ]]; then
     run env PYENV_VERSION=3.11.7 "$py" -m venv "$VENV"
 fi
 pip=("$VENV/bin/python" -m pip --disable-pip-version-check)
-say "installing the project with [train] (torch 2.13.0 CPU, transformers 5.19.0; log: $log)"
-run "${pip[@]}" install -e "$ROOT[train]"
-run "$VENV/bin/python" -c 'import torch, transformers, safetensors, polar.processor, polar.trainer'
+say "installing the project with [train,trl] (torch 2.13.0 CPU, transformers 5.19.0, trl 1.16; log: $log)"
+run "${pip[@]}" install -e "$ROOT[train,trl]"
+run "$VENV/bin/python" -c 'import torch, transformers, safetensors, trl, polar.processor, polar.trainer, polar.integrations.trl'
 printf '%s' "$spec" >"$STAMP"
 say "done in $((SECONDS - t0)) s: $VENV ($(du -sh "$VENV" 2>/dev/null | cut -f1))"

@@ -287,14 +287,16 @@ def test_4_3_a_failure_after_a_tied_restart_restarts_with_the_old_weights(tmp_pa
 # -- issue 23: untied checkpoints hot-reload; the restart says why; weights already served are not a failure ------
 
 def safetensors_dir(where: Path, name: str, tensors: dict[str, bytes], config: str = UNTIED,
-                    metadata: dict | None = None) -> Path:
-    """A model directory whose model.safetensors holds real F32 tensors (name → raw bytes), written by hand."""
+                    metadata: dict | None = None, dtype: str = "F32") -> Path:
+    """A model directory whose model.safetensors holds real tensors of `dtype` (name → raw bytes), written by
+    hand."""
     import json
     import struct
 
     header, offset = {}, 0
+    size = 4 if dtype == "F32" else 2
     for tensor, data in tensors.items():
-        header[tensor] = {"dtype": "F32", "shape": [len(data) // 4], "data_offsets": [offset, offset + len(data)]}
+        header[tensor] = {"dtype": dtype, "shape": [len(data) // size], "data_offsets": [offset, offset + len(data)]}
         offset += len(data)
     if metadata is not None:
         header["__metadata__"] = metadata
@@ -314,6 +316,17 @@ def test_5_1_same_weights_compares_tensors_not_file_bytes(tmp_path):
     assert not pub.same_weights(a, c) and not pub.same_weights(a, tied)
     empty = model_dir(tmp_path, "empty", UNTIED)  # not safetensors: nothing can be said to be equal
     assert not pub.same_weights(empty, model_dir(tmp_path, "empty2", UNTIED))
+
+
+def test_5_1_b_same_values_in_a_wider_float_type_are_the_same_weights(tmp_path):
+    """A trainer that loads bfloat16 files into float32 and saves them unchanged (TRL's first publication) holds the
+    same function; one value off is not."""
+    bf16 = safetensors_dir(tmp_path, "bf16", {"w": b"\x80\x3f\xc0\x3f"}, dtype="BF16")  # 1.0, 1.5
+    f16 = safetensors_dir(tmp_path, "f16", {"w": b"\x00\x3c\x00\x3e"}, dtype="F16")  # 1.0, 1.5
+    f32 = safetensors_dir(tmp_path, "f32", {"w": b"\x00\x00\x80\x3f\x00\x00\xc0\x3f"})
+    off = safetensors_dir(tmp_path, "off", {"w": b"\x01\x00\x80\x3f\x00\x00\xc0\x3f"})  # 1.0000001, 1.5
+    assert pub.same_weights(bf16, f32) and pub.same_weights(f32, bf16) and pub.same_weights(f16, f32)
+    assert not pub.same_weights(bf16, off) and not pub.same_weights(off, f16)
 
 
 def test_5_2_weights_equal_to_those_served_publish_and_say_so(world, tmp_path):

@@ -3,7 +3,7 @@ session leaves this directory to the other one and says so in its header.
 
 Fixtures shared by the verify, reload and loop tests (one float32 dev-mode tiny server for all of them):
 - `dev_server`: the tiny model in float32 with VLLM_SERVER_DEV_MODE=1 (`scripts/vllm start --dtype float32 --dev`),
-  started once per session. A test that reloads other weights restores the original ones before it ends.
+  started once per session, shared with tests/integrations (tests/support/dev_server.py). A test that reloads other weights restores the original ones before it ends.
 - `exact_rollout`: one polar-rollout run (the proxy's .venv, as a subprocess) against it: the SDK agent on the
   vowel-share task, K=4, exact mode, sampling pinned to T=1/top_p=1/top_k=-1, no sandbox; the RUN directory
   (RUN/out holds sequences.parquet and batches/).
@@ -55,11 +55,9 @@ def exact_rollout_args(upstream: str, out: Path, *, samples: int = 4, run_id: st
 
 @pytest.fixture(scope="session")
 def dev_server():
-    from tests.support.vllm_server import start_vllm, stop_vllm
+    from tests.support.dev_server import shared
 
-    server = start_vllm("tiny", dtype="float32", dev=True)
-    yield server
-    stop_vllm(server)
+    return shared()  # one server for tests/trainer and tests/integrations (tests/support/dev_server.py)
 
 
 @pytest.fixture(scope="session")
