@@ -30,7 +30,8 @@ Metrics go into TRL's own log (so `report_to` carries them), reduced over proces
 maxed, shares minimised): `polar/rollout_seconds`, `polar/publish_seconds`, `polar/weight_version`,
 `polar/unrewarded`, `polar/sequences_left_out`, `polar/no_sequence`, `polar/verify_within`, `polar/verify_max_gap`
 and `polar/status/<status>`. Each round's rows are also written to OUT/rounds/<kind>-<step>/p<rank>.json, with the
-sequences left out named.
+sequences left out named and the digest of the process's parameters; each publication is a line of
+OUT/publications.jsonl.
 
 Refused with one line (PolarRolloutError) before the first round: a TRL outside 1.16.x, `num_generations` ≠
 `samples`, a vLLM not in dev mode, TRL's `temperature` ≠ the serve's, a PEFT model; and at any round a task id not
@@ -140,6 +141,7 @@ class PolarRollout:
         self.published_dirs: list[Path] = []
         self.last_rows: list[SampleRow] = []
         self.rounds = 0
+        self._digest: str | None = None
 
     # ------------------------------------------------------------------------------------------------ life
 
@@ -172,6 +174,7 @@ class PolarRollout:
         t0 = time.monotonic()
         self._publish(trainer)
         publish_s = time.monotonic() - t0
+        self._digest = params_digest(acc.unwrap_model(trainer.model))
         t1 = time.monotonic()
         rows, runs = self._roll(blocks, k, trainer.state.global_step, mode, acc.process_index,
                                 trainer.processing_class)
@@ -226,6 +229,9 @@ class PolarRollout:
         self._main = acc.is_main_process
         if self._main:
             self.out.mkdir(parents=True, exist_ok=True)
+            # a resumed run's earlier publications: still pruned to the last two
+            self.published_dirs = sorted((self.out / "weights").glob("trl-*"), key=lambda d: int(d.name[4:])
+                                         if d.name[4:].isdigit() else -1)
             self.run_file = self._server()
             atexit.register(self.close)
             _end_on_sigterm()
@@ -247,6 +253,11 @@ class PolarRollout:
         if not TRL_VERSIONS[0] <= have < TRL_VERSIONS[1]:
             raise PolarRolloutError(f"trl {trl.__version__} is not supported: polar.integrations.trl is built on "
                                     f"trl 1.16.x (pip install 'polar-gateway[trl]')")
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if trainer.accelerator.num_processes != world:
+            raise PolarRolloutError(f"accelerate sees {trainer.accelerator.num_processes} process(es) but WORLD_SIZE="
+                                    f"{world}: on a CPU pass GRPOConfig(use_cpu=True, ddp_backend='gloo'), or each "
+                                    "process trains alone (its rewards and advantages not gathered)")
         if trainer.num_generations != self.samples:
             raise PolarRolloutError(f"GRPOConfig(num_generations={trainer.num_generations}) ≠ PolarRollout(samples="
                                     f"{self.samples}): one group is one task's K samples; make them equal")
@@ -298,9 +309,16 @@ class PolarRollout:
         acc = trainer.accelerator
         state = acc.get_state_dict(trainer.model)  # every process: a collective under sharding
         if self._main:
+            t0 = time.monotonic()
             weights = self.out / "weights" / f"trl-{step}"
             save_checkpoint(acc.unwrap_model(trainer.model), str(weights), self.model_dir, state_dict=state)
+            saved = time.monotonic() - t0
             reload(step, self.run_file, weights, f"trl-{step}", self.stage.proxies())
+            with open(self.out / "publications.jsonl", "a", encoding="utf-8") as fh:
+                fh.write(json.dumps({"step": step, "version": f"trl-{step}", "weights": str(weights),
+                                     "save_seconds": round(saved, 3),
+                                     "publish_seconds": round(time.monotonic() - t0 - saved, 3),
+                                     "t": time.time()}) + "\n")
             self.published_dirs = [d for d in self.published_dirs if d != weights] + [weights]
             for old in self.published_dirs[:-2]:  # the published weights and the ones before stay
                 shutil.rmtree(old, ignore_errors=True)
@@ -334,7 +352,7 @@ class PolarRollout:
             asked.append((name, out))
         runs = []
         for name, out in asked:
-            self.stage.answer(name, out, step)
+            self.stage.answer(name, out, step, unrewarded_ok=True)  # TRL: no reward is no score, not a failure
             runs.append(read_rows(out, pad))
         rows = []
         for j, task in where:
@@ -389,6 +407,7 @@ class PolarRollout:
         kind = "train" if mode == "train" else "eval"
         path = self.out / "rounds" / f"{kind}-{step:06d}" / f"p{rank}.json"
         doc = {"step": step, "mode": mode, "process": rank, "weight_version": f"trl-{self.published}",
+               "params_sha256": self._digest,
                "rows": [{"task": r.task, "k": r.k, "status": r.status, "reward": r.reward, "session": r.session,
                          "sequence_id": r.sequence_id, "trainable": r.trainable, "weight_version": r.weight_version}
                         for r in rows],
@@ -425,6 +444,18 @@ class PolarRollout:
         metrics["polar/weight_version"].append(float(self.published))
         for i, status in enumerate(STATUSES):
             metrics[f"polar/status/{status}"].append(float(summed[11 + i]))
+
+
+def params_digest(model) -> str:
+    """sha256 over the model's parameters (names and bytes, in order): equal on every process of a data-parallel
+    run after each optimizer step."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        digest.update(name.encode())
+        digest.update(param.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
 
 
 def _sum_counts(runs: list[RunRows]) -> dict[str, int]:

@@ -11,6 +11,7 @@ overlap training (--max-staleness): a step's samples may then be sampled by olde
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shlex
@@ -191,10 +192,15 @@ class RolloutService:
         return protocol.submit(self.dir, self._request(out, tasks, samples, run_id, process),
                                name=_fresh(self.dir, name))
 
-    def answer(self, name: str, out: Path, step: int = 0, stage: str = "rollout") -> tuple[dict, float]:
+    def answer(self, name: str, out: Path, step: int = 0, stage: str = "rollout",
+               unrewarded_ok: bool = False) -> tuple[dict, float]:
         """(the run's run.json, seconds from its request to its answer) once the serve answered `name`; a run that
-        failed, or whose processing failed, is StageFailed naming `step` and `stage`."""
+        failed, or whose processing failed, is StageFailed naming `step` and `stage`. `unrewarded_ok`: a run whose
+        samples all ended without a reward (polar-rollout's exit 1 after a processing that succeeded) is an answer
+        too (a trainer that leaves unrewarded samples out of its baseline, as TRL does)."""
         answer = self._wait(step, name, stage)
+        if unrewarded_ok and answer.exit == 1 and _unrewarded(out):
+            answer = dataclasses.replace(answer, exit=0)
         if answer.exit != 0 or not (out / "run.json").is_file():
             raise StageFailed(step, stage, f"polar-rollout exit {answer.exit}: {answer.error or 'see its log'} "
                                            f"(log: {answer.log})")
@@ -233,6 +239,16 @@ class RolloutService:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, 9)
             self.proc.wait()
+
+
+def _unrewarded(out: Path) -> bool:
+    """The run ended whole, its processing succeeded, and no sample has a reward."""
+    try:
+        doc = json.loads((out / "summary.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("rewarded") == 0 and not doc.get("cancelled") \
+        and (doc.get("processed") or {}).get("exit") == 0
 
 
 def _fresh(directory: Path, base: str) -> str:

@@ -73,6 +73,7 @@ def config(args, world: int, mini: int, epochs: int, lr: float):
         save_steps=max(args.save_every, 1) * mini * epochs,
         seed=args.seed,
         data_seed=args.seed,
+        use_cpu=not on_gpu,  # accelerate's CPU state: with WORLD_SIZE > 1 (torchrun) its processes are one group
         ddp_backend="gloo" if world > 1 and not on_gpu else None,  # torch.distributed on a CPU
         dataloader_num_workers=0,
         disable_tqdm=True,
@@ -123,9 +124,14 @@ def main(argv=None, callbacks=()) -> int:
     except PolarRolloutError as exc:
         print(f"examples/trl/grpo.py: {exc}", file=sys.stderr)
         return 2
-    if trainer.accelerator.is_main_process:
+    from polar.integrations.trl import params_digest
+
+    acc = trainer.accelerator
+    Path(args.out, f"params-p{acc.process_index}.sha256").write_text(params_digest(acc.unwrap_model(trainer.model)))
+    if acc.is_main_process:
         lines = rounds(trainer.state.log_history)
-        Path(args.out, "summary.json").write_text(json.dumps({"args": vars(args), "rounds": lines}, indent=1) + "\n")
+        Path(args.out, "summary.json").write_text(json.dumps({"args": vars(args), "world": acc.num_processes,
+                                                             "rounds": lines}, indent=1) + "\n")
         for line in lines:
             print(json.dumps(line), flush=True)
     return 0
