@@ -17,7 +17,7 @@ Skips are counted (issue 42): each test's outcome is kept, and at the end of the
 checked against them (tests/support/known_skips.py) — a skip it does not list, a listed skip whose condition does not
 hold, a listed test that ran although its condition holds: one line each, and the session fails. Always, not only
 under CI=true: the conditions are facts about this machine, so a local run shows a stale entry as CI would; the one
-skip the list leaves out, need()'s off CI, is told apart by its exception (tests/support/need.py: NotInstalled)."""
+skip the list leaves out, need()'s off CI, is told apart by its mark (tests/support/need.py: not_installed)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ import pytest
 
 from tests.support import known_skips
 from tests.support.gateway import ROOT, GatewayHandle, start_gateway
-from tests.support.need import NotInstalled
+from tests.support.need import not_installed
 
 TOKENIZER_DIR = os.path.join(ROOT, ".cache", "models", "tokenizer")
 CAPTURES_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "captures"))
@@ -55,7 +55,7 @@ def _reason(report) -> str:
 def pytest_runtest_makereport(item, call):
     report = yield
     if report.skipped and not hasattr(report, "wasxfail"):
-        need_skip = call.excinfo is not None and call.excinfo.errisinstance(NotInstalled)
+        need_skip = call.excinfo is not None and not_installed(call.excinfo.value)
         OUTCOMES[item.nodeid] = (known_skips.NOT_INSTALLED if need_skip else known_skips.SKIPPED, _reason(report))
     elif call.when == "call":
         OUTCOMES.setdefault(item.nodeid, (known_skips.RAN, ""))

@@ -5,7 +5,7 @@
 2.x  the check, on made-up outcomes: a skip without an entry, a listed skip whose condition does not hold, a listed
      test that ran although its condition holds — one line each; a listed skip whose condition holds, a test that ran
      with its condition false, and need()'s skip off CI are no problem
-3    the hook: a need() skip is a NotInstalled, which the hook leaves to need()
+3    a need() skip off CI carries the mark the hook leaves to need(); pytest.skip's does not
 """
 
 from __future__ import annotations
@@ -98,12 +98,15 @@ def test_2_4_what_the_list_allows_is_no_problem(tmp_path):
                   env={"POLAR_TEST_X": "1"}) == []  # conditions false: they run
 
 
-def test_3_need_skips_with_not_installed_which_the_hook_leaves_to_need(monkeypatch):
-    from tests.support.need import NotInstalled, need
+def test_3_need_marks_its_skip_and_pytest_skip_is_unmarked(monkeypatch):
+    from tests.support.need import need, not_installed
 
     monkeypatch.delenv("CI", raising=False)
-    with pytest.raises(NotInstalled):
+    with pytest.raises(pytest.skip.Exception) as need_skip:
         need("no bwrap")
+    with pytest.raises(pytest.skip.Exception) as plain_skip:
+        pytest.skip("an opt-in")
+    assert not_installed(need_skip.value) and not not_installed(plain_skip.value)
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception):
         need("no bwrap")

@@ -10,8 +10,8 @@ and pytest only, so any test or support module can use it.
     need(None if shutil.which("dockerd") else "dockerd is not installed", setup="scripts/setup --system")
 
 tests/test_suite_honesty.py fails on a `pytest.skip` that names such a thing without going through here. The skip
-raised here is a `NotInstalled`, so that tests/known-skips.txt's check (tests/support/known_skips.py) can tell it from
-a skip that the list must name.
+raised here carries a mark (`not_installed`), so that tests/known-skips.txt's check (tests/support/known_skips.py)
+can tell it from a skip that the list must name.
 """
 
 from __future__ import annotations
@@ -28,10 +28,6 @@ IMAGES = "scripts/setup --images"
 BASE = "scripts/setup"
 
 
-class NotInstalled(pytest.skip.Exception):
-    """need()'s skip off CI: something scripts/setup installs is missing here (under CI=true need() fails instead)."""
-
-
 def in_ci() -> bool:
     """CI=true, as .ci/run's machine sets it (tests/e2e also sets CI=1 for the CLIs it starts: not this)."""
     return os.environ.get("CI", "").lower() == "true"
@@ -43,7 +39,14 @@ def need(why_not: str | None, *, setup: str = SYSTEM) -> None:
         return
     if in_ci():
         pytest.fail(f"CI installs this ({setup}), but: {why_not}", pytrace=False)
-    raise NotInstalled(why_not if "scripts/setup" in why_not else f"{why_not} (run {setup})")
+    skip = pytest.skip.Exception(why_not if "scripts/setup" in why_not else f"{why_not} (run {setup})")
+    skip.polar_not_installed = True
+    raise skip
+
+
+def not_installed(exc: BaseException) -> bool:
+    """need()'s own skip off CI: something scripts/setup installs is missing here (under CI=true need() fails)."""
+    return getattr(exc, "polar_not_installed", False) is True
 
 
 def need_module(name: str, *, setup: str = BASE) -> None:
