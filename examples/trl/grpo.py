@@ -130,8 +130,10 @@ def main(argv=None, callbacks=()) -> int:
     Path(args.out, f"params-p{acc.process_index}.sha256").write_text(params_digest(acc.unwrap_model(trainer.model)))
     if acc.is_main_process:
         lines = rounds(trainer.state.log_history)
+        runtime = next((ln["train_runtime"] for ln in trainer.state.log_history if "train_runtime" in ln), None)
         Path(args.out, "summary.json").write_text(json.dumps({"args": vars(args), "world": acc.num_processes,
-                                                             "rounds": lines}, indent=1) + "\n")
+                                                             "train_runtime": runtime, "rounds": lines},
+                                                            indent=1) + "\n")
         for line in lines:
             print(json.dumps(line), flush=True)
     return 0
