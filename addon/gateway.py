@@ -22,14 +22,13 @@ concerns meet in — and defining only the hooks it needs (mitmproxy calls every
                  other proxy modes, a gateway failing closed, an endpoint not started yet) — reroute a provider flow
                  to the endpoint or answer 503, never let it reach the real host
 
-Either way the endpoint answers each call through `call.handle_call` (`Gateway._serve`). `PolarGateway` is the same
-list behind one object, for tests and embedding.
+Either way the endpoint answers each call through `call.handle_call` (`Gateway._serve`). The list itself is
+`addons.gateway_addons()`, a floor above the addons, which import this module for the state they share.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 
 from mitmproxy import ctx, http
@@ -197,67 +196,3 @@ def request_hook(method):
             fail_closed(flow, f"gateway error: {exc}")
 
     return hook
-
-
-# ------------------------------------------------------------------------------------------------ the list
-
-def gateway_addons(gateway: Gateway | None = None) -> list:
-    """The gateway's addons, in the order mitmproxy must call them (see the module's docstring)."""
-    from .configuration import Configuration
-    from .connections import Refuse, Sessions, TlsFilter
-    from .divert import Divert, Hops
-    from .proxy_options import Loopback, ProxyOptions
-    from .readiness import Readiness
-    from .reroute import Reroute
-    from .services import Backends, ControlToken, FlowFiles, Servers
-
-    g = gateway if gateway is not None else Gateway()
-    flows, backends = FlowFiles(g), Backends(g)
-    return [Configuration(g, ControlToken(g), flows, backends), ProxyOptions(g), Loopback(g), Servers(g), backends,
-            flows, TlsFilter(g), Sessions(g), Readiness(g), Refuse(g), Divert(g), Hops(g), Reroute(g)]
-
-
-class PolarGateway(Gateway):
-    """The gateway's addons behind one object (tests, embedding): its state, and each hook passed to every addon of
-    `gateway_addons` that defines it, in order — what mitmproxy does with the list. Register this or the list,
-    never both. The addons are also attributes by their class name in lower case (`gw.reroute`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.parts = gateway_addons(self)
-        for part in self.parts:
-            setattr(self, type(part).__name__.lower(), part)
-
-    def _each(self, name: str):
-        return [getattr(part, name) for part in self.parts if hasattr(part, name)]
-
-    def _pending_from(self, request: Request) -> PendingCall:
-        return pending_calls.from_request(request)
-
-
-def _sync_hook(name: str):
-    def hook(self, *args) -> None:
-        for func in self._each(name):
-            func(*args)
-
-    hook.__name__ = name
-    return hook
-
-
-def _async_hook(name: str):
-    async def hook(self, *args) -> None:
-        for func in self._each(name):
-            result = func(*args)
-            if inspect.isawaitable(result):
-                await result
-
-    hook.__name__ = name
-    return hook
-
-
-for _name in ("load", "configure", "tls_clienthello", "http_connect", "tls_failed_client", "client_disconnected",
-              "next_layer", "server_connected", "server_disconnected", "request", "responseheaders", "response",
-              "error"):
-    setattr(PolarGateway, _name, _sync_hook(_name))
-for _name in ("running", "done"):
-    setattr(PolarGateway, _name, _async_hook(_name))

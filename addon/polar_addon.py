@@ -77,8 +77,8 @@ class FailClosed:
 
 
 try:
-    from polar.addon.gateway import gateway_addons
+    from polar.addon.addons import gateway_addons
 
-    addons = gateway_addons()  # one addon per concern, sharing one Gateway (addon/gateway.py lists them)
+    addons = gateway_addons()  # one addon per concern, sharing one Gateway (addon/addons.py lists them)
 except Exception:  # noqa: BLE001 — any import failure must fail closed, never open
     addons = [FailClosed(traceback.format_exc(limit=3))]

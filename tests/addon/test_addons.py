@@ -13,8 +13,10 @@ from mitmproxy import http, options
 from mitmproxy.addons import errorcheck, proxyserver
 from mitmproxy.test import taddons, tflow
 
-from polar.addon.gateway import GatewayAddon, PolarGateway, gateway_addons
+from polar.addon.addons import gateway_addons
+from polar.addon.gateway import GatewayAddon
 from polar.addon.options import check_sets
+from tests.support.addons import PolarGateway
 
 pytestmark = pytest.mark.unit
 

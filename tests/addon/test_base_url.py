@@ -13,7 +13,7 @@ from mitmproxy.addons import proxyserver
 from mitmproxy.test import taddons, tflow
 
 from polar.addon import base_url as bu
-from polar.addon.gateway import PolarGateway
+from tests.support.addons import PolarGateway
 
 PORT = 45123
 

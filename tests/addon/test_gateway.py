@@ -12,7 +12,7 @@ from mitmproxy.proxy import context
 from mitmproxy.addons import proxyserver
 from mitmproxy.test import taddons, tflow
 
-from polar.addon.gateway import PolarGateway
+from tests.support.addons import PolarGateway
 
 pytestmark = pytest.mark.unit
 
