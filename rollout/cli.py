@@ -65,8 +65,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--verify-timeout", type=_seconds, metavar="S",
                    help="verifier time limit, seconds (default: task.toml [verifier] timeout_sec, else 600)")
     p.add_argument("--proxy-set", action="append", default=[], metavar="NAME=VALUE",
-                   help="addon option for the proxy the runner starts, repeatable (default: none; sandboxed runs "
-                        "add polar_other_hosts=refuse)")
+                   help="addon option for the proxy the runner starts, repeatable (default: polar_exact=true — exact "
+                        "mode, the data is for training — and polar_other_hosts=refuse when sandboxed; "
+                        "--proxy-set polar_exact=false for normal mode)")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--upstream", metavar="URL",
                      help="OpenAI /v1 base URL of vLLM or SGLang (a pool of replicas: several comma-separated, or "

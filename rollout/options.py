@@ -101,6 +101,19 @@ def check_options(o: Options) -> AgentSpec:
     return agent
 
 
+def proxy_sets(sets: list[str], sandbox: str) -> list[str]:
+    """The --proxy-set items of the proxy the runner (or the serve) starts, with its defaults added: exact mode
+    (polar_exact=true: the data is for training, so the prompt the trainer rebuilds is the one the sampler saw;
+    `--proxy-set polar_exact=false` turns it off) and, when sandboxed, polar_other_hosts=refuse."""
+    names = {s.split("=", 1)[0].strip() for s in sets}
+    out = list(sets)
+    if "polar_exact" not in names:
+        out.append("polar_exact=true")
+    if sandbox != "none" and "polar_other_hosts" not in names:
+        out.append("polar_other_hosts=refuse")
+    return out
+
+
 def check_proxy_sets(sets: list[str], sandbox: str) -> None:
     """--proxy-set NAME=VALUE items for the proxy the runner (or the serve) starts."""
     for item in sets:

@@ -103,10 +103,9 @@ def attach(o, run_dir: Path) -> tuple[Proxy, str | None]:
             raise UsageError("no model backend: pass --upstream URL (an OpenAI /v1 base URL of vLLM or SGLang; "
                              "the runner starts its proxy) or --proxy-json FILE (a running polar-proxy)")
     if upstream:
-        sets = list(o.proxy_set)
-        if boxed and not any(s.split("=", 1)[0].strip() == "polar_other_hosts" for s in sets):
-            sets.append("polar_other_hosts=refuse")
-        proxy = start_proxy(run_dir, upstream, sets, o.confdir)
+        from polar.rollout.options import proxy_sets
+
+        proxy = start_proxy(run_dir, upstream, proxy_sets(o.proxy_set, o.sandbox), o.confdir)
     else:
         proxy = external_proxy(Path(proxy_json))
     return proxy, proxy_json

@@ -41,7 +41,7 @@ from polar.rollout import serve_protocol as sp
 from polar.rollout import warm
 from polar.rollout.common import CANCEL, PREFLIGHT, UsageError, lock_dir, now, read_json
 from polar.rollout.job import AgentSpec, SampleContext
-from polar.rollout.options import check_proxy_sets
+from polar.rollout.options import check_proxy_sets, proxy_sets
 from polar.rollout.preflight import canary_call, run_preflight
 from polar.rollout.processing import run_processor
 from polar.rollout.procs import is_alive, kill_children, stop_process_group
@@ -231,10 +231,7 @@ class Serve:
         for stale in (sp.READY, sp.ENDED, sp.STOP):
             (self.dir / stale).unlink(missing_ok=True)
         self.answered = {p.stem for p in (self.dir / sp.RESPONSES).glob("*.json")}
-        sets = list(a.proxy_set)
-        if self.sandbox != "none" and not any(s.split("=", 1)[0].strip() == "polar_other_hosts" for s in sets):
-            sets.append("polar_other_hosts=refuse")
-        self.proxy = proxyctl.start_proxy(self.dir, a.upstream, sets, a.confdir)
+        self.proxy = proxyctl.start_proxy(self.dir, a.upstream, proxy_sets(a.proxy_set, self.sandbox), a.confdir)
         proxyctl.check_ready(self.proxy, self.sandbox != "none", None)
         preflight = self._preflight(task)
         p = self.proxy
@@ -390,8 +387,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--upstream", metavar="URL", help="OpenAI /v1 base URL of vLLM or SGLang, or a pool of "
                                                      "replicas as comma-separated URLs or @FILE (required)")
     p.add_argument("--proxy-set", action="append", default=[], metavar="NAME=VALUE",
-                   help="addon option for the serve's proxy, repeatable (default: none; sandboxed serves add "
-                        "polar_other_hosts=refuse)")
+                   help="addon option for the serve's proxy, repeatable (default: polar_exact=true, and "
+                        "polar_other_hosts=refuse when sandboxed; --proxy-set polar_exact=false for normal mode)")
     p.add_argument("--sandbox", choices=("bwrap", "docker", "none"), default="bwrap",
                    help="the sandbox of every run it serves (default: bwrap)")
     p.add_argument("--image", metavar="IMAGE", help="docker image of the preflight's canary sample")

@@ -1,4 +1,5 @@
-"""`polar-export OUT --format verl|slime|prime-rl -o DIR`: the processor's batches in a trainer's own row format.
+"""`polar-export OUT --format verl|slime|prime-rl -o DIR [--keep-mismatched]`: the processor's batches in a trainer's
+own row format.
 
 This module imports only the standard library, numpy, polars and orjson: it runs in the base install (the proxy's
 `.venv`, no torch). Builders are pure functions of a frame of sequences; they return the rows plus notes (the rows
@@ -13,6 +14,9 @@ Files are written under a temporary name and renamed at the end, so a failed exp
 
 Rows left out (counted under the first reason that applies):
 - `null_advantage`: the sequence's advantage is null (no reward, or a reward without a group). Every format.
+- `context_mismatch`: the sequence is flagged `context_mismatch` (the prompt the trainer rebuilds is not the one the
+  sampler saw: a run in normal mode; polar-rollout runs in exact mode unless `--proxy-set polar_exact=false`). Every
+  format, unless `--keep-mismatched` (slime then keeps the row with `remove_sample`).
 - `missing_logprobs`: the sequence has no logprobs. verl and prime-rl (their logprob column is a dense tensor; slime
   keeps the row with `remove_sample`).
 - `unknown_temperature`: a call of the sequence has no recorded temperature. prime-rl (its `temperatures` would be a
@@ -94,9 +98,9 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "slime": ("sequence_id", "session", "group", "input_ids", "loss_mask", "logprobs", "n_tokens", "prompt_len",
               "flags", "reward", "advantage"),
     "prime-rl": ("sequence_id", "session", "group", "input_ids", "loss_mask", "logprobs", "n_tokens", "call_spans",
-                 "advantage"),
+                 "advantage", "flags"),
     "verl": ("sequence_id", "session", "group", "input_ids", "loss_mask", "logprobs", "n_tokens", "prompt_len",
-             "advantage"),
+             "advantage", "flags"),
 }
 
 REMOVE_FLAGS = ("context_mismatch", "missing_logprobs")
@@ -143,9 +147,12 @@ def _unknown_temperature(seqs: pl.DataFrame, temperatures: dict[str, float | Non
                       for spans in seqs["call_spans"].to_list()], dtype=pl.Boolean)
 
 
-def left_out_reasons(fmt: str, seqs: pl.DataFrame, temperatures: dict[str, float | None]) -> pl.Series:
+def left_out_reasons(fmt: str, seqs: pl.DataFrame, temperatures: dict[str, float | None],
+                     keep_mismatched: bool = False) -> pl.Series:
     """Why each sequence row is left out of `fmt` (the first reason that applies), null where it is written."""
     why = pl.when(pl.col("advantage").is_null()).then(pl.lit("null_advantage"))
+    if not keep_mismatched:
+        why = why.when(pl.col("flags").list.contains("context_mismatch")).then(pl.lit("context_mismatch"))
     if fmt in ("verl", "prime-rl"):
         why = why.when(pl.col("logprobs").is_null()).then(pl.lit("missing_logprobs"))
     if fmt == "prime-rl":
@@ -226,12 +233,13 @@ def verl_rows(kept: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def build(fmt: str, seqs: pl.DataFrame, ids: DenseIds, temperatures: dict[str, float | None]) -> Built:
+def build(fmt: str, seqs: pl.DataFrame, ids: DenseIds, temperatures: dict[str, float | None],
+          keep_mismatched: bool = False) -> Built:
     """One chunk of sequences rows in `fmt`: the rows written (FIELDS[fmt] + PROVENANCE), the rows left out by
     reason, and `ids` extended by the chunk's rows written (dense ids run across chunks)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown --format {fmt!r}: use one of {', '.join(FORMATS)}")
-    reasons = left_out_reasons(fmt, seqs, temperatures)
+    reasons = left_out_reasons(fmt, seqs, temperatures, keep_mismatched)
     kept = seqs.filter(reasons.is_null())
     ids = ids.extended(kept)
     if fmt == "slime":
@@ -308,7 +316,8 @@ def check_dir(directory: str) -> None:
         raise ExportError(f"-o {directory}: directory is not empty; pass a new or empty directory")
 
 
-def export(out: str, fmt: str, directory: str, rows_per_file: int = ROWS_PER_FILE) -> dict:
+def export(out: str, fmt: str, directory: str, rows_per_file: int = ROWS_PER_FILE,
+           keep_mismatched: bool = False) -> dict:
     """The whole export; returns the manifest. Raises ExportError on bad input (before DIR is touched)."""
     if fmt not in FORMATS:
         raise ExportError(f"unknown --format {fmt!r}: use one of {', '.join(FORMATS)}")
@@ -323,7 +332,7 @@ def export(out: str, fmt: str, directory: str, rows_per_file: int = ROWS_PER_FIL
     tmp = os.path.join(directory, f".polar-export-tmp-{os.getpid()}")
     os.makedirs(tmp)
     try:
-        manifest = _write(files, fmt, tmp, rows_per_file, temperatures)
+        manifest = _write(files, fmt, tmp, rows_per_file, temperatures, keep_mismatched)
         manifest["source"] = os.path.abspath(out)
         with open(os.path.join(tmp, "manifest.json"), "wb") as fh:
             fh.write(orjson.dumps(manifest, option=orjson.OPT_INDENT_2))
@@ -338,7 +347,8 @@ def export(out: str, fmt: str, directory: str, rows_per_file: int = ROWS_PER_FIL
     return manifest
 
 
-def _write(files: list[str], fmt: str, tmp: str, rows_per_file: int, temperatures: dict) -> dict:
+def _write(files: list[str], fmt: str, tmp: str, rows_per_file: int, temperatures: dict,
+           keep_mismatched: bool = False) -> dict:
     """Build every chunk and write the rows in files of exactly `rows_per_file` rows (the last one: the rest);
     the manifest's counts."""
     ids, left_out = DenseIds(), Counter()
@@ -353,7 +363,7 @@ def _write(files: list[str], fmt: str, tmp: str, rows_per_file: int, temperature
 
     for seqs in chunks(files, fmt, rows_per_file):
         rows_read += seqs.height
-        built = build(fmt, seqs, ids, temperatures)
+        built = build(fmt, seqs, ids, temperatures, keep_mismatched)
         ids = built.ids
         left_out.update(built.left_out)
         rows, tokens, trainable = rows + built.rows.height, tokens + built.tokens, trainable + built.trainable
@@ -367,7 +377,8 @@ def _write(files: list[str], fmt: str, tmp: str, rows_per_file: int, temperature
         flush(pending)
     return {"format": fmt, "rows": rows, "rows_read": rows_read, "left_out": dict(sorted(left_out.items())),
             "tokens": tokens, "trainable_tokens": trainable, "sessions": len(ids.sessions), "groups": len(ids.groups),
-            "batch_files": len(files), "rows_per_file": rows_per_file, "files": written,
+            "batch_files": len(files), "rows_per_file": rows_per_file, "keep_mismatched": keep_mismatched,
+            "files": written,
             "columns": [*FIELDS[fmt], *PROVENANCE]}
 
 
@@ -380,10 +391,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--format", required=True, help=f"one of {', '.join(FORMATS)}")
     p.add_argument("-o", dest="directory", required=True, metavar="DIR", help="a new or empty directory")
     p.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE, help=f"rows per file ({ROWS_PER_FILE})")
+    p.add_argument("--keep-mismatched", action="store_true",
+                   help="keep sequences flagged context_mismatch (default: left out and counted: their prompt is not "
+                        "the one the sampler saw; polar-rollout's exact mode avoids them)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
     try:
         args = p.parse_args(argv)
-        manifest = export(args.out, args.format, args.directory, args.rows_per_file)
+        manifest = export(args.out, args.format, args.directory, args.rows_per_file, args.keep_mismatched)
     except ExportError as exc:
         print(f"polar-export: {exc}", file=sys.stderr)
         return 2

@@ -86,6 +86,15 @@ def test_1_1_a_group_solved_in_k01_and_failed_in_k23_gets_advantages_plus_minus_
     summary = json.loads((run / "summary.json").read_text())
     assert summary["isolation_safe"] is False and summary["per_task"]["six-times-seven"]["spread"] is True
     assert not list((run / "flows").glob("*.open"))  # the runner's proxy was stopped (files closed) before processing
+    # exact mode by default (no --proxy-set): the runner's proxy says so, and every call of the run carries exact
+    # mode's report (its record's `exact` map; nil when polar_exact is off; this scripted upstream echoes its own
+    # render, so the path it reports is `normal` with fallback mode_refused)
+    assert doc["proxy"]["exact"] is True
+    from polar.records.flowdir import expand_inputs, iter_files
+
+    calls = [rec for _, _, rec in iter_files(expand_inputs([str(run / "flows")]))
+             if str(rec.get("session") or "").startswith("r1/six-times-seven/")]
+    assert len(calls) == 4 and all(rec.get("exact") is not None for rec in calls), calls
 
 
 def test_1_2_every_fault_gets_its_status_and_reward_rule(tmp_path, upstream):

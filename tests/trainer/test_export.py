@@ -76,15 +76,25 @@ def temperatures(processed) -> dict:
     return dict(zip(calls["call_id"].to_list(), calls["temperature"].to_list()))
 
 
-@pytest.fixture(scope="module")
-def exported(processed, tmp_path_factory):
-    """fmt → (manifest, rows in file order)."""
+def _export_all(processed, tmp_path_factory, keep_mismatched: bool) -> dict:
     out = {}
     for fmt in FORMATS:
         d = tmp_path_factory.mktemp(fmt) / "dir"
-        manifest = export(str(processed), fmt, str(d), rows_per_file=2)
+        manifest = export(str(processed), fmt, str(d), rows_per_file=2, keep_mismatched=keep_mismatched)
         out[fmt] = (manifest, d, pl.concat([pl.read_parquet(d / f) for f in manifest["files"]]))
     return out
+
+
+@pytest.fixture(scope="module")
+def exported(processed, tmp_path_factory):
+    """fmt → (manifest, dir, rows in file order), with --keep-mismatched (every flagged row the formats allow)."""
+    return _export_all(processed, tmp_path_factory, True)
+
+
+@pytest.fixture(scope="module")
+def exported_default(processed, tmp_path_factory):
+    """The same without --keep-mismatched: context_mismatch sequences left out."""
+    return _export_all(processed, tmp_path_factory, False)
 
 
 def rows_of(exported, fmt, sequences):
@@ -95,9 +105,11 @@ def rows_of(exported, fmt, sequences):
 
 # ---------------------------------------------------------------------------------------------------- 1. rows
 
-def _expected_left_out(fmt: str, seq: dict, temperatures: dict) -> str | None:
+def _expected_left_out(fmt: str, seq: dict, temperatures: dict, keep_mismatched: bool = True) -> str | None:
     if seq["advantage"] is None:
         return "null_advantage"
+    if not keep_mismatched and "context_mismatch" in seq["flags"]:
+        return "context_mismatch"
     if fmt != "slime" and seq["logprobs"] is None:
         return "missing_logprobs"
     if fmt == "prime-rl" and any(temperatures[c] is None for c in seq["call_ids"]):
@@ -105,10 +117,13 @@ def _expected_left_out(fmt: str, seq: dict, temperatures: dict) -> str | None:
     return None
 
 
+@pytest.mark.parametrize("keep", [True, False], ids=["keep_mismatched", "default"])
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_1_1_one_row_per_kept_sequence_in_order_and_the_rest_counted(fmt, exported, sequences, temperatures):
-    manifest, _, rows = exported[fmt]
-    why = [_expected_left_out(fmt, s, temperatures) for s in sequences.iter_rows(named=True)]
+def test_1_1_one_row_per_kept_sequence_in_order_and_the_rest_counted(fmt, keep, exported, exported_default,
+                                                                      sequences, temperatures):
+    manifest, _, rows = (exported if keep else exported_default)[fmt]
+    assert manifest["keep_mismatched"] is keep
+    why = [_expected_left_out(fmt, s, temperatures, keep) for s in sequences.iter_rows(named=True)]
     kept = [sid for sid, w in zip(sequences["sequence_id"].to_list(), why) if w is None]
     assert rows["sequence_id"].to_list() == kept
     counted = {w: why.count(w) for w in set(why) if w is not None}
@@ -120,10 +135,16 @@ def test_1_1_one_row_per_kept_sequence_in_order_and_the_rest_counted(fmt, export
     assert manifest["columns"] == list(rows.columns) == [*FIELDS[fmt], *PROVENANCE]
 
 
-def test_1_2_left_out_reasons_are_format_specific(exported):
+def test_1_2_left_out_reasons_are_format_specific(exported, exported_default):
     assert set(exported["slime"][0]["left_out"]) == {"null_advantage"}
     assert set(exported["verl"][0]["left_out"]) == {"null_advantage", "missing_logprobs"}
     assert set(exported["prime-rl"][0]["left_out"]) == {"null_advantage", "missing_logprobs", "unknown_temperature"}
+    # by default every format leaves out s1, the context_mismatch session (issue 37)
+    for fmt in FORMATS:
+        kept = set(exported[fmt][0]["left_out"])
+        assert set(exported_default[fmt][0]["left_out"]) == kept | {"context_mismatch"}
+        assert exported_default[fmt][0]["left_out"]["context_mismatch"] == 1
+        assert exported_default[fmt][0]["rows"] == exported[fmt][0]["rows"] - 1
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -282,7 +303,13 @@ def test_6_2_the_cli_writes_the_export_and_says_so(processed, tmp_path, capsys):
     assert main([str(processed), "--format", "verl", "-o", str(tmp_path / "v")]) == 0
     manifest = json.loads((tmp_path / "v" / "manifest.json").read_text())
     assert manifest["files"] == ["verl-00000.parquet"] and manifest["rows_per_file"] == 512
-    assert f"{manifest['rows']} verl rows" in capsys.readouterr().out
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert f"{manifest['rows']} verl rows" in last and "1 context_mismatch" in last
+    assert manifest["left_out"]["context_mismatch"] == 1 and manifest["keep_mismatched"] is False
+    assert main([str(processed), "--format", "verl", "-o", str(tmp_path / "k"), "--keep-mismatched"]) == 0
+    kept = json.loads((tmp_path / "k" / "manifest.json").read_text())
+    assert "context_mismatch" not in kept["left_out"] and kept["rows"] == manifest["rows"] + 1
+    assert "context_mismatch" not in capsys.readouterr().out
 
 
 def test_6_3_importing_the_export_loads_no_torch():
