@@ -54,6 +54,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rewards", metavar="FILE",
                    help='JSONL {"session": str, "reward": float, "group": str|null}; joined to sessions, GRPO '
                         "advantages per group (default: none; reward and advantage stay null)")
+    p.add_argument("--allow-unjoined", action="store_true",
+                   help="accept a --rewards file none of whose lines joins a session of the dump (default: off: "
+                        "exit 2 naming one of its sessions)")
     p.add_argument("--max-batch-tokens", type=_positive_int, default=65536, metavar="N",
                    help="Σ n_tokens per batches/ file; a longer sequence is written alone, flagged oversize "
                         "(default: 65536)")
@@ -132,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         overwrite=args.overwrite, incremental=args.incremental, engine=args.engine, ray_address=args.ray_address,
         ray_partitions=args.ray_partitions, allow_empty=args.allow_empty, session_prefix=tuple(args.session_prefix),
         report_max_mb=args.report_max_mb, report_no_text=args.report_no_text,
-        vocab=tuple(args.vocab or default_vocab(args.tokenizer)))
+        vocab=tuple(args.vocab or default_vocab(args.tokenizer)), allow_unjoined=args.allow_unjoined)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         report = pipeline.process(opts, pipeline.Progress(show and not args.quiet))

@@ -51,6 +51,7 @@ class Options:
     report_max_mb: float = 50.0  # report.html's size bound: token strips are left out past it (viewer.py)
     report_no_text: bool = False  # report.html without conversation text
     vocab: tuple[str, ...] = ()  # [MODEL=]DIR: token text in report.html only (never the end-of-turn set)
+    allow_unjoined: bool = False  # a --rewards file none of whose lines joins a session is accepted (else an error)
 
 
 def process(opts: Options, progress: Progress | None = None) -> Report:
@@ -76,6 +77,8 @@ def process(opts: Options, progress: Progress | None = None) -> Report:
         eot = _end_of_turn(opts, index if not opts.session_prefix else replace(
             index, entries=[e for entries in groups.values() for e in entries]))
         rewards = rw.read_rewards(opts.rewards, {s for s in groups if s is not None})
+        if opts.rewards and not opts.allow_unjoined:
+            rw.check_joined(opts.rewards, rewards, groups)
         settings = Settings(opts.mode, opts.on_mismatch, opts.max_batch_tokens, opts.side_chains, eot, rewards)
         order = _group_order(groups, rewards)
         rebuild = plan.rebuild(groups, eot)

@@ -83,6 +83,17 @@ def read_rewards(path: str | None, sessions: set[str]) -> Rewards:
     return out
 
 
+def check_joined(path: str, rewards: Rewards, sessions) -> None:
+    """A rewards file with lines of which none joins a session of the dump is a mistake (session ids from another
+    run, or a prefix missing): RewardsError naming one line's session and one of the dump's, so the fix is seen."""
+    if rewards.joined or not rewards.unmatched_lines:
+        return
+    ours = next((s for s in sessions if s is not None), None)
+    raise RewardsError(f"--rewards {path}: none of its {rewards.unmatched_lines} line(s) joins a session of the "
+                       f"dump (it names {rewards.unmatched_sessions[0]!r}; the dump has e.g. {ours!r}); check the "
+                       f"session ids, or pass --allow-unjoined to process without rewards")
+
+
 def advantages(by_session: dict[str, tuple[float, str | None]]) -> dict[str, float | None]:
     """Rule 10: per group g over its rewarded sessions, (r − mean_g) / σ_g with population σ (ddof 0); 0.0 when
     σ_g = 0 or |g| = 1. A rewarded session without a group gets a null advantage."""

@@ -265,3 +265,19 @@ def test_1_6_ascii_prompts_give_the_same_outputs_as_int32_prompts(dump):
     counts = [json.loads((tmp_path / d / "report.json").read_text())["counts"] for d in ("out", "out-ascii")]
     with_prompt = sum(isinstance(r.get("prompt_token_ids"), bytes) for r in recs)
     assert with_prompt > 0 and (counts[0]["calls_prompt_ascii"], counts[1]["calls_prompt_ascii"]) == (0, with_prompt)
+
+
+def test_3_6_rewards_that_join_no_session_exit_2_unless_allow_unjoined(dump, capsys):
+    """Issue 37: a --rewards file none of whose lines joins a session (ids of another run) is one line, exit 2, and
+    OUT is not written; --allow-unjoined processes without rewards."""
+    tmp, _ = dump
+    (tmp / "other.jsonl").write_text("\n".join(json.dumps({"session": f"other-run/t/{k}/0", "reward": 1.0,
+                                                           "group": "other-run/t"}) for k in range(3)))
+    assert main([str(tmp / "flows"), "-o", str(tmp / "out"), "--rewards", str(tmp / "other.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("polar-process: error: --rewards ") and "--allow-unjoined" in err[0]
+    assert "none of its 3 line(s) joins a session" in err[0] and "'other-run/t/0/0'" in err[0]
+    assert not (tmp / "out").exists() or not os.listdir(tmp / "out")
+    assert run(tmp, "--rewards", str(tmp / "other.jsonl"), "--allow-unjoined") == 0
+    rewards = json.loads((tmp / "out" / "report.json").read_text())["rewards"]
+    assert rewards["joined"] == 0 and rewards["unmatched_lines"] == 3
