@@ -228,11 +228,11 @@ class PolarRollout:
                                  rollout_opt=self.rollout_opts)
         self._main = acc.is_main_process
         if self._main:
-            self.out.mkdir(parents=True, exist_ok=True)
             # a resumed run's earlier publications: still pruned to the last two
             self.published_dirs = sorted((self.out / "weights").glob("trl-*"), key=lambda d: int(d.name[4:])
                                          if d.name[4:].isdigit() else -1)
             self.run_file = self._server()
+            self.out.mkdir(parents=True, exist_ok=True)
             atexit.register(self.close)
             _end_on_sigterm()
         stage = RolloutService(settings, self.out, "", directory=self.serve)
@@ -285,6 +285,7 @@ class PolarRollout:
                                         "start --dev): it cannot take the trainer's weights between rounds")
             return str(self.vllm)
         run_file = self.out / "vllm.json"
+        self.out.mkdir(parents=True, exist_ok=True)
         if run_file.is_file() and launch_vllm.status(run_file) is not None:  # a resumed run: its server still runs
             self._vllm_ours = True
             return str(run_file)

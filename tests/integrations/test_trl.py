@@ -363,3 +363,31 @@ def test_7_polar_train_loss_equals_trl_dapo_loss(tmp_path):
     model.zero_grad()
     halved = trainer._compute_loss(model, inputs)
     assert float(halved) == pytest.approx(float(theirs) / 2, rel=1e-12)
+
+
+def test_8_an_exception_in_training_ends_the_serve_it_started(restored, tmp_path):
+    """PolarRollout without `serve=` starts its own polar-rollout serve (OUT/rollout); an exception out of TRL's
+    loop ends it, and its proxy, on the way out of the `with` block."""
+    from transformers import TrainerCallback
+
+    from polar.rollout import serve_protocol as protocol
+
+    class Boom(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            raise RuntimeError("the trainer failed")
+
+    example = load_example()
+    out = tmp_path / "run"
+    argv = example_args(FAMILY, out, restored, tmp_path)
+    del argv[argv.index("--serve"):argv.index("--serve") + 2]
+    args = example.parser().parse_args([*argv, "--rounds", "2", "--samples", "2", "--tasks-per-round", "1", "--lr",
+                                        "1e-2", "--mini-batches", "1", "--epochs", "1",
+                                        "--rollout-opt=--sandbox=bwrap"])
+    trainer, rollout = example.build(args, callbacks=[Boom()])
+    with pytest.raises(RuntimeError, match="the trainer failed"):
+        with rollout:
+            trainer.train()
+    ready = out / "rollout" / protocol.READY
+    ended = json.loads((out / "rollout" / protocol.ENDED).read_text())
+    assert not ready.exists() and ended["exit"] == 0, ended
+    assert protocol.pid_start(ended["pid"]) is None  # the serve process is gone
