@@ -11,6 +11,7 @@ checkout's `scripts/proxy`, `scripts/vllm`) are thin wrappers over these functio
 - `runfiles`: `ProxyRunFile`, `VllmRunFile` — the only code that reads or writes proxy.json and vllm.json.
 - `ca`: the CA (created 0700/0600 before any proxy starts) and the one CA bundle (system CAs + ours).
 - `proxy`, `proxy_cli`: start/stop/status/health/env of the gateway (mitmdump -s polar/addon/polar_addon.py).
-- `vllm`, `vllm_cli`, `vllm_launcher`: start/stop/status/health of a vLLM OpenAI server (CPU build where no GPU).
+- `vllm` (the facade over `vllm_args`, `vllm_server`, `vllm_pool`), `vllm_cli`, `vllm_launcher`: start/stop/status/
+  health of a vLLM OpenAI server or a pool of them (CPU build where no GPU).
 - `publish`: `publish(backends, weights, version)` — hold the proxies once, reload and probe every backend, release.
 """

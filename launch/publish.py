@@ -36,8 +36,9 @@ from typing import Iterable, Union
 from polar.launch import paths
 from polar.launch.process import PROXY_MARKER, is_ours, port_in_use
 from polar.launch.runfiles import ProxyRunFile, RunFileError, VllmPoolRunFile, VllmRunFile
-from polar.launch.vllm import (BadInput, Fail, Log, StartSpec, command, http_json, is_cpu_build, quiet, read_pool,
-                               read_run_file, root_url, say, served_weights, start, stop_group, vllm_venv)
+from polar.launch.vllm_args import BadInput, Fail, StartSpec
+from polar.launch.vllm_server import (Log, command, http_json, is_cpu_build, quiet, read_pool, read_run_file, root_url,
+                                      say, served_weights, start, stop_group, vllm_venv)
 
 PROBE_PROMPT = "The quick brown fox jumps over the lazy dog. The answer is"
 MAX_VERSION_CHARS = 256

@@ -1,11 +1,93 @@
-"""The options of `polar-vllm start` (the command line's and `StartSpec.from_args`', which reads a restarted server's
-saved arguments back). Standard library only, as polar.launch.vllm."""
+"""The options of `polar-vllm start`: `StartSpec` (what a start serves and how; `to_args`/`from_args`, the arguments
+that bring a restarted server back), the command line's parser, their defaults and environment variables, and the
+two errors every vLLM command reports (`Fail`, exit 1; `BadInput`, exit 2). The floor of polar.launch's vllm
+modules: vllm_server and vllm_pool import it, it imports neither. Standard library only, as polar.launch.vllm."""
 
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 
-from polar.launch.vllm import BadInput, _default_timeout, default_run_file, TIMEOUT_ENV, MODELS_ENV, VENV_ENV
+from polar.launch import paths
+
+VENV_ENV, MODELS_ENV, TIMEOUT_ENV = "POLAR_VLLM_VENV", "POLAR_MODELS_DIR", "POLAR_VLLM_START_TIMEOUT"
+
+
+class Fail(Exception):
+    """A user-facing error: printed without a traceback, exit code 1."""
+
+
+class BadInput(Fail):
+    """A command line or run file that cannot work: one line, exit code 2."""
+
+
+def default_run_file() -> Path:
+    return paths.vllm_run_file()
+
+
+def _default_timeout() -> float:
+    return float(os.environ.get(TIMEOUT_ENV, 600))
+
+
+@dataclass
+class StartSpec:
+    """What `start` serves and how; `to_args` gives the command-line arguments that bring the same server back."""
+
+    model: str = "tiny"
+    port: int | None = None
+    max_model_len: int | None = None
+    logprobs_mode: str = "raw_logprobs"
+    dtype: str = "bfloat16"
+    dev: bool = False
+    name: str | None = None
+    timeout: float = field(default_factory=_default_timeout)
+    run_file: Path = field(default_factory=default_run_file)
+    extra: list[str] = field(default_factory=list)
+    vllm_venv: str | None = None
+    models_dir: str | None = None
+    replicas: int = 1  # > 1: a pool (start_pool); 0: one replica per visible CUDA device
+    device: str | None = None  # the CUDA device of this one server (CUDA_VISIBLE_DEVICES), as a pool gives it
+
+    def to_args(self, port: int | None = None) -> list[str]:
+        port = self.port if port is None else port
+        out = ["--model", self.model, *(["--port", str(port)] if port is not None else []),
+               "--logprobs-mode", self.logprobs_mode, "--dtype", self.dtype, "--timeout", f"{self.timeout:g}",
+               *(["--dev"] if self.dev else []),
+               *(["--max-model-len", str(self.max_model_len)] if self.max_model_len else []),
+               *(["--name", self.name] if self.name else []),
+               *(["--vllm-venv", self.vllm_venv] if self.vllm_venv else []),
+               *(["--models-dir", self.models_dir] if self.models_dir else []),
+               *(["--device", self.device] if self.device is not None else []),
+               *(["--replicas", str(self.replicas or "auto")] if self.replicas != 1 else [])]
+        return out + (["--", *self.extra] if self.extra else [])
+
+    @classmethod
+    def from_args(cls, argv: list[str], run_file: Path | str | None = None) -> "StartSpec":
+        """The spec of `start` arguments (as `to_args` writes them; BadInput for what the parser refuses)."""
+        argv = list(argv)
+        extra: list[str] = []
+        if "--" in argv:
+            i = argv.index("--")
+            argv, extra = argv[:i], argv[i + 1:]
+        parser = Strict(prog="start", add_help=False)
+        add_start_arguments(parser)
+        args = parser.parse_args(argv)
+        if run_file is not None:
+            args.run_file = str(run_file)
+        return cls.from_namespace(args, extra)
+
+    @classmethod
+    def from_namespace(cls, args: argparse.Namespace, extra: list[str]) -> "StartSpec":
+        return cls(model=args.model, port=args.port, max_model_len=args.max_model_len,
+                   logprobs_mode=args.logprobs_mode, dtype=args.dtype, dev=args.dev, name=args.name,
+                   timeout=args.timeout, run_file=Path(args.run_file), extra=list(extra),
+                   vllm_venv=args.vllm_venv, models_dir=args.models_dir, replicas=args.replicas,
+                   device=args.device)
+
+
+
 
 
 class Strict(argparse.ArgumentParser):

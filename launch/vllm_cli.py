@@ -32,7 +32,7 @@ import os
 import sys
 
 from polar.launch import publish as publishing
-from polar.launch import vllm
+from polar.launch import vllm, vllm_args, vllm_pool
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
     default_run_file = str(vllm.default_run_file())
 
     s = sub.add_parser("start", help="start a server and wait for /health")
-    vllm.add_start_arguments(s)
+    vllm_args.add_start_arguments(s)
 
     t = sub.add_parser("stop", help="stop the server named in the run file (every replica of a pool)")
     t.add_argument("--run-file", default=default_run_file)
@@ -59,7 +59,7 @@ def parser(prog: str) -> argparse.ArgumentParser:
                    help="proxy run files whose proxies are held (default: the run directory's proxy.json if present)")
     r.add_argument("--drain-timeout", type=float, default=60.0,
                    help="seconds for in-flight generations to finish before the reload (default 60)")
-    vllm.add_venv_argument(r)
+    vllm_args.add_venv_argument(r)
     return p
 
 
@@ -78,7 +78,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     pool = vllm.read_pool(args.run_file)
     if pool is not None:
-        rows = vllm.replica_health(pool)
+        rows = vllm_pool.replica_health(pool)
         doc = pool.to_dict()
         doc["replicas"] = [{**replica.to_dict(), "pid": info.pid if info else None, "healthy": ok,
                             "weight_version": info.weight_version if info else None}

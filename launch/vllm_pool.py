@@ -12,7 +12,7 @@ its own start arguments (its port and device), then the pool run file (`VllmPool
 dev, replica count, ports) is reused; a pool whose replicas all died restarts serving the weights their run files
 name (they must agree); one with some replicas alive is an error (stop it first). `stop` and `status` act on every
 replica of a pool run file (`status` is the pool only when every replica is healthy).
-Standard library only, as polar.launch.vllm."""
+Standard library only, as polar.launch.vllm; it stands on vllm_server and vllm_args, beside them."""
 
 from __future__ import annotations
 
@@ -26,10 +26,11 @@ from pathlib import Path
 from polar.launch import paths
 from polar.launch.process import free_port, port_in_use, stop_groups
 from polar.launch.runfiles import VllmPoolRunFile, VllmReplica, VllmRunFile, replica_run_file
-from polar.launch.vllm import (BadInput, Fail, Log, StartSpec, Stopped, _run_file_of, _spawn, command, healthy,
-                               http_json, is_cpu_build, is_server, models_dir, quiet, read_pool, read_run_file,
-                               replica_infos, resolve_model, restore_weight_version, restored_weights, say, start,
-                               stop, tail, venv_python, vllm_venv, warm_up)
+from polar.launch.vllm_args import BadInput, Fail, StartSpec
+from polar.launch.vllm_server import (Log, Stopped, _run_file_of, _spawn, command, healthy, is_cpu_build, is_server,
+                                      quiet, read_pool, read_run_file, replica_infos, resolve_model,
+                                      restore_weight_version, restored_weights, say, start, tail, venv_python,
+                                      warm_up)
 
 def cuda_devices() -> list[str]:
     """The visible CUDA devices: CUDA_VISIBLE_DEVICES when set, else nvidia-smi's indexes; [] without either."""

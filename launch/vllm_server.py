@@ -1,4 +1,4 @@
-"""A local vLLM OpenAI server: start, stop, status and health, as functions that return data.
+"""One local vLLM OpenAI server: start, stop, status and health, as functions that return data.
 
 `start(StartSpec(...))` binds 127.0.0.1 on a free port (or `port`), waits until /health answers 200, makes one
 1-token chat call (the first real request then does not pay vLLM's lazy start-up), writes the run file
@@ -9,7 +9,8 @@ their weight version back), so a restart after a publication does not silently r
 `stop` sends SIGTERM to the server's process group, waits (SIGKILL after `timeout`) and removes the run file.
 `status` is the run file of a healthy server, or None.
 
-A pool (`StartSpec.replicas` N > 1): polar.launch.vllm_pool, whose names this module re-exports.
+One server; a pool (`StartSpec.replicas` N > 1) is polar.launch.vllm_pool, the start options and StartSpec
+polar.launch.vllm_args, and polar.launch.vllm the facade over the three (stop and status of either kind).
 
 The server runs in the vLLM environment (`--vllm-venv`, POLAR_VLLM_VENV, or the checkout's .venv-vllm) through
 `vllm_launcher.py` beside this module; the preset models come from `--models-dir`, POLAR_MODELS_DIR, or the
@@ -19,30 +20,26 @@ Standard library only: this runs in the proxy's, the trainer's and any installed
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 from polar.launch import paths
-from polar.launch.process import free_port, is_ours, kill_group, port_in_use, stop_groups
-from polar.launch.runfiles import (RunFileError, VllmPoolRunFile, VllmReplica, VllmRunFile, read_vllm,
-                                   replica_run_file)
+from polar.launch.process import free_port, is_ours, kill_group, port_in_use
+from polar.launch.runfiles import RunFileError, VllmPoolRunFile, VllmRunFile, read_vllm
+from polar.launch.vllm_args import MODELS_ENV, VENV_ENV, Fail, StartSpec, default_run_file
 
 LAUNCHER = Path(__file__).resolve().with_name("vllm_launcher.py")
 # What a server's pid runs: the launcher, by whichever path it was started (also an older checkout's
 # the launcher of an older checkout), so a recycled pid is never taken for a server.
 IDENTITY = "vllm_launcher"
-VENV_ENV, MODELS_ENV, TIMEOUT_ENV = "POLAR_VLLM_VENV", "POLAR_MODELS_DIR", "POLAR_VLLM_START_TIMEOUT"
 # What makes both in a checkout (the models are built with the vLLM environment's torch).
 SETUP = "scripts/setup --vllm --models"
 
@@ -101,14 +98,6 @@ SERVER_ENV_DEFAULTS = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 UNCHUNKED_PREFILL = "--no-enable-chunked-prefill"
 
 
-class Fail(Exception):
-    """A user-facing error: printed without a traceback, exit code 1."""
-
-
-class BadInput(Fail):
-    """A command line or run file that cannot work: one line, exit code 2."""
-
-
 Log = Callable[[str], None]
 
 
@@ -123,10 +112,6 @@ def quiet(msg: str) -> None:
 def command() -> str:
     """How a user runs these commands here: the checkout's script, or the console script of an install."""
     return "scripts/vllm" if paths.checkout_root() is not None else "polar-vllm"
-
-
-def default_run_file() -> Path:
-    return paths.vllm_run_file()
 
 
 def read_run_file(path: Path | str) -> VllmRunFile | None:
@@ -297,68 +282,6 @@ def tail(path: Path, n: int = 40) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- start
-
-def _default_timeout() -> float:
-    return float(os.environ.get(TIMEOUT_ENV, 600))
-
-
-@dataclass
-class StartSpec:
-    """What `start` serves and how; `to_args` gives the command-line arguments that bring the same server back."""
-
-    model: str = "tiny"
-    port: int | None = None
-    max_model_len: int | None = None
-    logprobs_mode: str = "raw_logprobs"
-    dtype: str = "bfloat16"
-    dev: bool = False
-    name: str | None = None
-    timeout: float = field(default_factory=_default_timeout)
-    run_file: Path = field(default_factory=default_run_file)
-    extra: list[str] = field(default_factory=list)
-    vllm_venv: str | None = None
-    models_dir: str | None = None
-    replicas: int = 1  # > 1: a pool (start_pool); 0: one replica per visible CUDA device
-    device: str | None = None  # the CUDA device of this one server (CUDA_VISIBLE_DEVICES), as a pool gives it
-
-    def to_args(self, port: int | None = None) -> list[str]:
-        port = self.port if port is None else port
-        out = ["--model", self.model, *(["--port", str(port)] if port is not None else []),
-               "--logprobs-mode", self.logprobs_mode, "--dtype", self.dtype, "--timeout", f"{self.timeout:g}",
-               *(["--dev"] if self.dev else []),
-               *(["--max-model-len", str(self.max_model_len)] if self.max_model_len else []),
-               *(["--name", self.name] if self.name else []),
-               *(["--vllm-venv", self.vllm_venv] if self.vllm_venv else []),
-               *(["--models-dir", self.models_dir] if self.models_dir else []),
-               *(["--device", self.device] if self.device is not None else []),
-               *(["--replicas", str(self.replicas or "auto")] if self.replicas != 1 else [])]
-        return out + (["--", *self.extra] if self.extra else [])
-
-    @classmethod
-    def from_args(cls, argv: list[str], run_file: Path | str | None = None) -> "StartSpec":
-        """The spec of `start` arguments (as `to_args` writes them; BadInput for what the parser refuses)."""
-        argv = list(argv)
-        extra: list[str] = []
-        if "--" in argv:
-            i = argv.index("--")
-            argv, extra = argv[:i], argv[i + 1:]
-        from polar.launch.vllm_args import Strict, add_start_arguments
-
-        parser = Strict(prog="start", add_help=False)
-        add_start_arguments(parser)
-        args = parser.parse_args(argv)
-        if run_file is not None:
-            args.run_file = str(run_file)
-        return cls.from_namespace(args, extra)
-
-    @classmethod
-    def from_namespace(cls, args: argparse.Namespace, extra: list[str]) -> "StartSpec":
-        return cls(model=args.model, port=args.port, max_model_len=args.max_model_len,
-                   logprobs_mode=args.logprobs_mode, dtype=args.dtype, dev=args.dev, name=args.name,
-                   timeout=args.timeout, run_file=Path(args.run_file), extra=list(extra),
-                   vllm_venv=args.vllm_venv, models_dir=args.models_dir, replicas=args.replicas,
-                   device=args.device)
-
 
 def restored_weights(stale: VllmRunFile | None, model_dir: Path, *, dtype: str, dev: bool, port: int | None,
                      run_file: Path | str, log: Log = say) -> tuple[Path, str | None]:
@@ -540,7 +463,7 @@ def start(spec: StartSpec, log: Log = say) -> VllmRunFile:
     return info
 
 
-# ---------------------------------------------------------------------------------------------- stop, status
+# ---------------------------------------------------------------------------------------------- stop
 
 @dataclass(frozen=True)
 class Stopped:
@@ -553,14 +476,8 @@ class Stopped:
 
 
 def stop(run_file: Path | str | None = None, timeout: float = 30.0, log: Log = say) -> Stopped:
-    """Stop the server of the run file (never a pid that is not ours) and remove the file; for a pool, every replica
-    (side by side) and every replica's run file."""
+    """Stop the one server of the run file (never a pid that is not ours) and remove the file (a pool's: vllm.stop)."""
     run_file = Path(run_file) if run_file is not None else default_run_file()
-    pool = read_pool(run_file)
-    if pool is not None:
-        from polar.launch.vllm_pool import stop_pool
-
-        return stop_pool(run_file, pool, timeout, log)
     current = read_run_file(run_file)
     if current is None:
         log(f"not running (no {run_file})")
@@ -574,21 +491,3 @@ def stop(run_file: Path | str | None = None, timeout: float = 30.0, log: Log = s
         result = Stopped("stale", current.pid, current.port)
     run_file.unlink(missing_ok=True)
     return result
-
-
-def status(run_file: Path | str | None = None) -> VllmRunFile | VllmPoolRunFile | None:
-    """The run file when its server is ours and healthy (a pool's when every replica is), else None."""
-    current = read_any(Path(run_file) if run_file is not None else default_run_file())
-    if isinstance(current, VllmPoolRunFile):
-        from polar.launch.vllm_pool import replica_health
-
-        return current if all(ok for _, _, ok in replica_health(current)) else None
-    if current is not None and is_server(current.pid) and healthy(current.port or 0):
-        return current
-    return None
-
-
-# The pool and the start options live in their own modules; these names stay importable from here.
-from polar.launch.vllm_args import add_start_arguments, add_venv_argument  # noqa: E402,F401
-from polar.launch.vllm_pool import (cuda_devices, replica_devices, replica_health, start_pool,  # noqa: E402,F401
-                                    stop_pool)

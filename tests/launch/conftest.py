@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from polar.launch import paths, vllm
+from polar.launch import paths, vllm, vllm_args
 
 FAKES = Path(__file__).with_name("fakes.py")
 
@@ -27,8 +27,8 @@ def fake_venv(tmp_path) -> Path:
 def no_checkout(monkeypatch):
     """As under a wheel install: no checkout to take defaults from."""
     monkeypatch.setattr(paths, "checkout_root", lambda: None)
-    monkeypatch.delenv(vllm.VENV_ENV, raising=False)
-    monkeypatch.delenv(vllm.MODELS_ENV, raising=False)
+    monkeypatch.delenv(vllm_args.VENV_ENV, raising=False)
+    monkeypatch.delenv(vllm_args.MODELS_ENV, raising=False)
 
 
 @pytest.fixture

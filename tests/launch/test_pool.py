@@ -23,7 +23,7 @@ import pytest
 
 from polar.launch import proxy as launch_proxy
 from polar.launch import publish as pub
-from polar.launch import vllm
+from polar.launch import vllm, vllm_args, vllm_pool
 from polar.launch.process import alive
 from polar.launch.runfiles import (RunFileError, VllmPoolRunFile, VllmReplica, VllmRunFile, read_vllm,
                                    replica_run_file)
@@ -169,16 +169,16 @@ def test_3_2_a_gpu_pool_gives_each_replica_its_own_device(tmp_path, fake_venv, s
         assert f"(CUDA_VISIBLE_DEVICES={device})" in Path(info.log).read_text()
         assert vllm.StartSpec.from_args(list(info.start_args)).device == device
     with pytest.raises(vllm.BadInput) as exc:
-        vllm.replica_devices(3, fake_venv)
+        vllm_pool.replica_devices(3, fake_venv)
     assert one_line(str(exc.value)) and "2 are visible (3,5); pass --replicas 2 or fewer" in str(exc.value)
-    assert vllm.replica_devices(0, fake_venv) == ["3", "5"]  # auto: one per visible device
+    assert vllm_pool.replica_devices(0, fake_venv) == ["3", "5"]  # auto: one per visible device
     with pytest.raises(vllm.BadInput, match="--device is the device of one server"):
         vllm.start_pool(vllm.StartSpec(**{**spec.__dict__, "device": "3"}), log=vllm.quiet)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(vllm.BadInput, match="none is visible"):
-        vllm.replica_devices(2, fake_venv)
+        vllm_pool.replica_devices(2, fake_venv)
     with pytest.raises(vllm.BadInput, match="CPU build: pass --replicas N"):
-        vllm.replica_devices(0, cpu_build(fake_venv))
+        vllm_pool.replica_devices(0, cpu_build(fake_venv))
 
 
 def test_3_3_one_replica_that_fails_stops_the_others_with_its_log_tail(tmp_path, fake_venv, monkeypatch):
@@ -200,7 +200,7 @@ def test_3_3_one_replica_that_fails_stops_the_others_with_its_log_tail(tmp_path,
 def test_3_4_the_command_line_prints_the_pool_as_one_comma_list(tmp_path, fake_venv):
     cpu_build(fake_venv)
     rf = tmp_path / "vllm.json"
-    env = {**os.environ, vllm.VENV_ENV: str(fake_venv), "POLAR_RUN_DIR": str(tmp_path / "run")}
+    env = {**os.environ, vllm_args.VENV_ENV: str(fake_venv), "POLAR_RUN_DIR": str(tmp_path / "run")}
     run = lambda *a: subprocess.run([*CLI, *a, "--run-file", str(rf)], capture_output=True, text=True,  # noqa: E731
                                     timeout=120, env=env)
     try:

