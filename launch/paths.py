@@ -93,6 +93,12 @@ NEEDS = {
 }
 
 
+def fix(checkout: str, installed: str) -> str:
+    """The fix an error names: `checkout` (its scripts) when the package runs from a checkout, else `installed` (pip
+    extras, flags): a wheel has no scripts/."""
+    return checkout if checkout_root() is not None else installed
+
+
 def missing(name: str) -> str:
     """One line: what is missing outside a checkout and which flag or variable gives it."""
     what, flag, var = NEEDS[name]

@@ -56,11 +56,26 @@ def parse_agent(text: str) -> tuple[str, str | None]:
     """`claude-code`, `pi:openai` → (harness, provider). ValueError names what is accepted."""
     harness, sep, provider = text.partition(":")
     if harness not in HARNESSES:
-        raise ValueError(f"unknown agent {text!r}: expected one of {', '.join(HARNESSES)} "
+        near = _nearest_harness(harness)
+        hint = f" (did you mean {near}?)" if near else ""
+        raise ValueError(f"unknown agent {text!r}{hint}: expected one of {', '.join(HARNESSES)} "
                          f"(pi as pi:anthropic|openai|google), or python:MODULE:FUNC")
     if sep and (harness != "pi" or provider not in KEY_VARS):
         raise ValueError(f"unknown agent {text!r}: only pi takes a provider (pi:anthropic, pi:openai, pi:google)")
     return harness, (provider or None)
+
+
+def _nearest_harness(name: str) -> str | None:
+    """The harness a mistyped agent name most likely meant: one it starts (`claude` → claude-code), or its binary's
+    name (`gemini` → gemini-cli), else the closest spelling."""
+    import difflib
+
+    lowered = name.lower()
+    for harness, binary in BINARIES.items():
+        if lowered in (binary, harness.split("-")[0]):
+            return harness
+    close = difflib.get_close_matches(lowered, HARNESSES, n=1, cutoff=0.6)
+    return close[0] if close else None
 
 
 def cli_args(harness: str, prompt: str, *, provider: str | None = None, model: str | None = None,

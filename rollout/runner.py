@@ -79,18 +79,42 @@ class Runner:
         self.slots = None  # polar-rollout serve: the sample slots every run it serves shares (schedule.Plan)
         self.envs: dict | None = None  # task id → TaskEnv; None when every task runs in the host view
         self.runtime = None  # the sandbox runtime, when a task runs in an image
+        # A new run refused before its first sample leaves --out as it found it (absent, or empty): _claimed once
+        # RUN was found absent or empty (not a --resume), _sampling once the first sample may have started.
+        self._out_existed = self.run_dir.exists()
+        self._claimed = False
+        self._sampling = False
 
     # -- entry ------------------------------------------------------------------------------------------------
     def run(self) -> int:
+        refused = False
         try:
             return self._run()
         except UsageError as exc:
             print(f"polar-rollout: error: {exc}", file=sys.stderr)
+            refused = True
             return 2
         finally:
             proxyctl.stop_proxy(self.proxy)
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
+                self._lock_fd = None
+            if refused and self._claimed and not self._sampling:
+                self._restore_out()
+
+    def _restore_out(self) -> None:
+        """Undo what a refused new run wrote (run.json, .lock, the proxy's files, the preflight's): RUN removed if
+        it was absent, emptied if it was empty, so the retry needs no --resume."""
+        import shutil
+
+        if not self._out_existed:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+            return
+        for child in list(self.run_dir.iterdir()) if self.run_dir.is_dir() else []:
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
 
     def _run(self) -> int:
         self._prepare()
@@ -106,7 +130,9 @@ class Runner:
                   f"({len(self.tasks)} task(s) × {o.samples}), agent {self.agent.text}, sandbox {o.sandbox}, "
                   f"--parallel {o.parallel}, engine {o.engine}", file=sys.stderr)
             plan = Plan(jobs, o.parallel, o.retry_infra, o.engine, o.ray_address, slots=self.slots)
-            self.cancelled = execute(self._context(), plan, self.results, progress)
+            ctx = self._context()
+            self._sampling = True
+            self.cancelled = execute(ctx, plan, self.results, progress)
         progress.end()
         proxyctl.stop_proxy(self.proxy)  # its flow files are closed (renamed .msgpack) before processing
         lines = self.results.read()
@@ -140,6 +166,9 @@ class Runner:
         o.engine = o.engine or "local"
         self.agent = check_options(o)
         self._load_tasks()
+        from polar.rollout.agent_check import check_agent
+
+        check_agent(self.agent, [t.agent_dir for t in self.tasks], paths.npm_dir(o.npm_dir))
         from polar.rollout import sandbox as sb
 
         why = sb.available(o.sandbox)
@@ -148,6 +177,7 @@ class Runner:
         if o.resume:
             resume.check_identity(o, self.tasks, self.run_doc, self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._claimed = not o.resume
         self._lock()
         removed, killed = sb.sweep_stale_controls()
         if removed:
