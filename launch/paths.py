@@ -53,13 +53,22 @@ def vllm_run_file(directory: str | os.PathLike | None = None) -> Path:
     return Path(directory if directory is not None else default_run_dir()) / VLLM_RUN_FILE
 
 
-def confdir(given: str | None = None) -> Path | None:
-    """The CA directory: `given` (--confdir), else $POLAR_CONFDIR, else the checkout's certs/; None without any."""
+def user_confdir() -> Path:
+    """An installed package's CA directory: $XDG_DATA_HOME/polar, else ~/.local/share/polar (made 0700 with its CA
+    when the first proxy starts, as mitmproxy keeps ~/.mitmproxy)."""
+    data = os.environ.get("XDG_DATA_HOME")
+    return (Path(data).expanduser() if data and os.path.isabs(os.path.expanduser(data))
+            else Path.home() / ".local" / "share") / "polar"
+
+
+def confdir(given: str | None = None) -> Path:
+    """The CA directory: `given` (--confdir), else $POLAR_CONFDIR, else the checkout's certs/, else the user's
+    (`user_confdir`)."""
     value = given or os.environ.get("POLAR_CONFDIR")
     if value:
         return Path(value).expanduser()
     root = checkout_root()
-    return root / "certs" if root else None
+    return root / "certs" if root else user_confdir()
 
 
 def npm_dir(given: str | None = None) -> Path | None:
@@ -88,7 +97,6 @@ def flows_dir() -> Path:
 
 # What a wheel install lacks, and where it can come from instead: (what, flag, environment variable).
 NEEDS = {
-    "confdir": ("a CA directory (made 0700, with a new CA, when it holds none)", "--confdir DIR", "POLAR_CONFDIR"),
     "npm_dir": ("the agent CLIs' npm prefix (DIR/node_modules/.bin)", "--npm-dir DIR", "POLAR_NPM_DIR"),
 }
 

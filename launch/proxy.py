@@ -105,11 +105,8 @@ def addon_script() -> str:
 
 
 def resolve_confdir(given: str | None = None) -> Path:
-    """The CA directory (`paths.confdir`); ProxyError (exit 2) outside a checkout when nothing names one."""
-    where = paths.confdir(given)
-    if where is None:
-        raise ProxyError(f"error: {paths.missing('confdir')}", code=2)
-    return where.resolve()
+    """The CA directory (`paths.confdir`: --confdir, $POLAR_CONFDIR, the checkout's certs/, else the user's)."""
+    return paths.confdir(given).resolve()
 
 
 # ------------------------------------------------------------------------------------------------ readiness

@@ -31,26 +31,31 @@ def no_checkout(monkeypatch):
 
 
 @pytest.mark.unit
-def test_1_1_outside_a_checkout_the_confdir_is_asked_for_in_one_line(no_checkout, monkeypatch, tmp_path):
-    with pytest.raises(lp.ProxyError) as exc:
-        lp.resolve_confdir()
-    assert exc.value.code == 2 and len(exc.value.lines) == 1
-    assert "--confdir" in str(exc.value) and "POLAR_CONFDIR" in str(exc.value)
+def test_1_1_outside_a_checkout_the_ca_lives_in_the_user_data_dir(no_checkout, monkeypatch, tmp_path):
+    """Issue 37: --confdir, else $POLAR_CONFDIR, else a checkout's certs/, else $XDG_DATA_HOME/polar, else
+    ~/.local/share/polar — made 0700 with its CA by the first proxy (ca.ensure_ca), as mitmproxy keeps ~/.mitmproxy."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    assert lp.resolve_confdir() == tmp_path / "home" / ".local" / "share" / "polar"
+    monkeypatch.setenv("XDG_DATA_HOME", "relative/ignored")  # the XDG spec: a relative path is ignored
+    assert lp.resolve_confdir() == tmp_path / "home" / ".local" / "share" / "polar"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert lp.resolve_confdir() == tmp_path / "data" / "polar"
     monkeypatch.setenv("POLAR_CONFDIR", str(tmp_path / "certs"))
     assert lp.resolve_confdir() == tmp_path / "certs"
     assert lp.resolve_confdir(str(tmp_path / "flag")) == tmp_path / "flag"  # the flag wins
+    monkeypatch.delenv("POLAR_CONFDIR")
+    assert ca.ensure_ca(str(lp.resolve_confdir())) is True
+    assert stat.S_IMODE(os.stat(tmp_path / "data" / "polar").st_mode) == 0o700
     assert paths.npm_dir() is None and "--npm-dir" in paths.missing("npm_dir")
     assert lp.command() == "polar-proxy"
 
 
 @pytest.mark.unit
-def test_1_1b_polar_proxy_start_without_a_confdir_says_what_it_needs(no_checkout, tmp_path, capsys):
-    from polar.launch import proxy_cli
-
-    assert proxy_cli.main(["start", "--run-dir", str(tmp_path / "run")]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "--confdir DIR or set POLAR_CONFDIR" in err[0]
-    assert not (tmp_path / "run").exists()  # nothing launched, nothing written
+def test_1_1b_in_a_checkout_the_ca_is_its_certs(monkeypatch):
+    monkeypatch.delenv("POLAR_CONFDIR", raising=False)
+    root = paths.checkout_root()
+    assert root is not None and lp.resolve_confdir() == (root / "certs").resolve()
 
 
 @pytest.mark.unit
