@@ -11,5 +11,10 @@ def has_trainer_env() -> bool:
 
 
 def needs_trainer_env(tool: str) -> str:
-    """The one line a console script prints, exiting 2, when `has_trainer_env()` is false."""
-    return f"{tool} needs the trainer environment: scripts/setup --train, then .venv-train/bin/{tool}"
+    """The one line a console script prints, exiting 2, when `has_trainer_env()` is false: a checkout's setup
+    command, else the pip extra (an installed wheel has no scripts/)."""
+    from polar.launch import paths
+
+    return f"{tool} needs the trainer environment (torch, transformers): " + paths.fix(
+        checkout=f"scripts/setup --train, then .venv-train/bin/{tool}",
+        installed="pip install 'polar-gateway[train]' (Python 3.11+)")

@@ -258,7 +258,9 @@ def rollout_command(given: str | None) -> str:
     if chosen:
         cmd = shlex.split(chosen)
         if not cmd or shutil.which(cmd[0]) is None:
-            raise BadInput(f"{where} {chosen!r}: not found (scripts/setup makes .venv/bin/polar-rollout)")
+            raise BadInput(f"{where} {chosen!r}: not found (" + paths.fix(
+                checkout="scripts/setup makes .venv/bin/polar-rollout",
+                installed="pip install 'polar-gateway[proxy,agents]' into a Python 3.12 environment") + ")")
         return chosen
     found = shutil.which("polar-rollout")
     # The trainer's own environment may hold a polar-rollout that cannot start a proxy (no mitmproxy: Python 3.11)
@@ -269,6 +271,8 @@ def rollout_command(given: str | None) -> str:
     if not found and root is not None and (root / ".venv" / "bin" / "polar-rollout").exists():
         found = str(root / ".venv" / "bin" / "polar-rollout")
     if not found:
-        raise BadInput(f"polar-rollout not found: pass --rollout-cmd CMD, set {ROLLOUT_ENV}, or put it on PATH (a "
-                       f"checkout's scripts/setup makes .venv/bin/polar-rollout)")
+        raise BadInput(f"polar-rollout not found: pass --rollout-cmd CMD, set {ROLLOUT_ENV}, or put it on PATH (" +
+                       paths.fix(checkout="a checkout's scripts/setup makes .venv/bin/polar-rollout",
+                                 installed="pip install 'polar-gateway[proxy,agents]' into a Python 3.12 "
+                                           "environment gives one") + ")")
     return shlex.quote(found)

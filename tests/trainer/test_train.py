@@ -243,7 +243,8 @@ def test_7_torch_is_needed_and_said_so():
     proc = subprocess.run([str(exe), str(TRAIN_TASK), "--agent", SDK_AGENT, "--model", str(TINY), "--out",
                            "/tmp/polar-train-never"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip() == (
-        "polar-train needs the trainer environment: scripts/setup --train, then .venv-train/bin/polar-train")
+        "polar-train needs the trainer environment (torch, transformers): scripts/setup --train, then "
+        ".venv-train/bin/polar-train")
     assert torch.__version__  # this session's own environment has it
 
 
