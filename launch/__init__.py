@@ -1,7 +1,8 @@
 """polar.launch: the services' lifecycle — the proxy (one or a fleet) and vLLM, their run files, the CA bundle,
 publication of new weights (hold → reload → release), process identity.
 
-It imports only the standard library and polar.records, so it runs in the proxy's environment (Python 3.12), the
+It imports only the standard library and polar.records (and the addon's option table, to refuse a bad --set before a
+start: docs/architecture.md#the-floors), so it runs in the proxy's environment (Python 3.12), the
 trainer's (3.11) and from a wheel without a checkout. The command lines (`polar-proxy`, `polar-vllm`, and the
 checkout's `scripts/proxy`, `scripts/vllm`) are thin wrappers over these functions.
 

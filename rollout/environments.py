@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar.rollout import images as imagelib
+from polar.rollout.runtime import INSIDE
 
 DEFAULT_BUILD_TIMEOUT = 600.0
 DEFAULT_WORKDIR = "/app"
@@ -93,6 +94,16 @@ class TaskEnv:
                 "workdir": self.workdir if self.image_mode else None, "key": self.key, "built": self.built,
                 "build_s": round(self.build_s, 3), "build_log": self.build_log, "notes": list(self.notes),
                 "error": self.error}
+
+
+def image_fields(ctx, tenv: TaskEnv | None, task) -> dict:
+    """The SandboxSpec fields of an image task, {} in the host view: the agent's sandbox and the verifier's take the
+    same (`ctx` is the sample's SampleContext, `task` its Task)."""
+    if tenv is None or not tenv.image_mode or ctx.sandbox == "none":
+        return {"tmp_mb": getattr(task, "storage_mb", None)}
+    return {"image_mode": True, "image": tenv.image_id or tenv.image, "workdir": tenv.workdir,
+            "rootfs": Path(tenv.rootfs) if tenv.rootfs else None, "wrapper_python": f"{INSIDE}/bin/python3",
+            "tmp_mb": getattr(task, "storage_mb", None)}
 
 
 @dataclass

@@ -15,6 +15,7 @@ from polar.rollout import flowwatch
 from polar.rollout.agentcmd import agent_command, task_env
 from polar.rollout.common import CANCEL, Cancelled, group_of, now, write_json
 from polar.rollout.job import SampleContext, SampleJob, job_paths
+from polar.rollout.environments import image_fields
 from polar.rollout.ledger import ResultRow
 from polar.rollout.proxyctl import probe_ready
 from polar.rollout.treediff import tree_diff
@@ -159,17 +160,6 @@ class _Attempt:
         with contextlib.suppress(OSError):
             write_json(self.sample_dir / "sample.json", {**self.result, **self.detail})
         return ResultRow.from_json(self.result)
-
-
-def image_fields(ctx: SampleContext, tenv, task) -> dict:
-    """The SandboxSpec fields of an image task (rollout/environments.py), {} in the host view."""
-    if tenv is None or not tenv.image_mode or ctx.sandbox == "none":
-        return {"tmp_mb": getattr(task, "storage_mb", None)}
-    from polar.rollout.runtime import INSIDE
-
-    return {"image_mode": True, "image": tenv.image_id or tenv.image, "workdir": tenv.workdir,
-            "rootfs": Path(tenv.rootfs) if tenv.rootfs else None, "wrapper_python": f"{INSIDE}/bin/python3",
-            "tmp_mb": getattr(task, "storage_mb", None)}
 
 
 def _check_cancel() -> None:

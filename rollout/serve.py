@@ -36,6 +36,7 @@ from pathlib import Path
 
 from polar.launch import paths
 from polar.launch import proxy as launch_proxy
+from polar.rollout import options as rollout_options
 from polar.rollout import proxyctl, runflows
 from polar.rollout import serve_protocol as sp
 from polar.rollout import warm
@@ -146,9 +147,7 @@ class ServedRunner(Runner):
 def _request_options(req: sp.RolloutRequest, serve: Serve):
     """The run's Options: the request's polar-rollout command line, parsed as polar-rollout parses it, with the
     serve's sandbox and npm directory; the serve's own options refused."""
-    from polar.rollout import cli
-
-    parser = cli.parser()
+    parser = rollout_options.parser()
 
     def refuse(message: str):
         raise UsageError(message)
@@ -165,7 +164,7 @@ def _request_options(req: sp.RolloutRequest, serve: Serve):
     if args.sandbox not in (None, serve.sandbox):
         raise UsageError(f"--sandbox {args.sandbox}: this serve runs --sandbox {serve.sandbox} (its proxy and "
                          f"preflight are for it); start a serve with --sandbox {args.sandbox}")
-    o = cli.options(args)
+    o = rollout_options.options(args)
     o.sandbox, o.npm_dir, o.confdir, o.progress = serve.sandbox, serve.args.npm_dir, serve.args.confdir, False
     return o
 

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from polar.rollout.agentcmd import IN_TESTS, IN_VERIFIER, RUNTIME_INSIDE, SANDBOX_PATH, base_env, host_env, task_env
 from polar.rollout.common import CANCEL, Cancelled, tail
+from polar.rollout.environments import image_fields
 from polar.rollout.job import SampleContext, SampleJob
 
 DEFAULT_VERIFY_TIMEOUT = 600.0
@@ -103,8 +104,6 @@ def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict,
         argv = ["bash", str(tests / "test.sh")]
     env.update({"POLAR_SAMPLE": str(job.k), "POLAR_TASK": job.task.id})
     timeout = ctx.verify_timeout or job.task.verifier_timeout_sec or DEFAULT_VERIFY_TIMEOUT
-    from polar.rollout.sample import image_fields
-
     spec = sb.SandboxSpec(kind=ctx.sandbox, app=vapp, home=vhome, mounts=mounts, env=env, proxy_port=None,
                           session=None, memory_mb=job.task.memory_mb, cpus=job.task.cpus, label=ctx.run_id,
                           tripwire=boxed, **{"image": ctx.image, **image_fields(ctx, tenv, job.task)})
