@@ -24,7 +24,8 @@ from mitmproxy import ctx
 from . import hosts as hostlist
 from .call import CallSettings
 from .control import TokenFileError
-from .exact import ExactMode, TurnCache
+from .exact import ExactMode
+from .exact_cache import TurnCache
 from .gateway import GatewayAddon
 from .options import BY_NAME, OPTIONS, GatewayOptions, OptionError, parse_options, take_unparseable, unknown_options
 

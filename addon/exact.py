@@ -80,11 +80,9 @@ import orjson
 
 from polar import records as rec
 
-from .exact_cache import (CachedTurn, MsgKey, TurnCache, cached_turn, find_parent, has_media,  # noqa: F401
-                          settings_key)
-from .exact_probe import PROBE_TEXT, ProbeResult, _run_probe, end_of_turn  # noqa: F401
-from .exact_rebuild import (INDEX_FIELDS, Rebuilt, cacheable, may_be_cached, rebuild_turns,  # noqa: F401
-                            turn_from_record)
+from .exact_cache import CachedTurn, MsgKey, TurnCache, cached_turn, find_parent, has_media, settings_key
+from .exact_probe import ProbeResult, _run_probe
+from .exact_rebuild import INDEX_FIELDS, Rebuilt, may_be_cached, rebuild_turns, turn_from_record
 from .turn_index import PassStats, ReadStats, TurnIndex
 
 log = logging.getLogger("polar.exact")

@@ -24,6 +24,9 @@ import orjson
 import pytest
 
 from polar.addon import exact as ex
+from polar.addon.exact_cache import CachedTurn, MsgKey, TurnCache, find_parent, has_media, settings_key
+from polar.addon.exact_probe import ProbeResult, end_of_turn
+from polar.addon.exact_rebuild import INDEX_FIELDS, may_be_cached
 from polar import records as rec
 from polar.addon.backend import Backend
 from polar.addon.shaping import BackendInfo, Shaped, shape
@@ -39,7 +42,7 @@ def _call(name, args, id_="call_1"):
 
 
 def _turn(id_, messages, reply, prompt, completion, key=b"k"):
-    return ex.CachedTurn(id_, key, [ex.MsgKey.of(m) for m in messages], ex.MsgKey.of(reply),
+    return CachedTurn(id_, key, [MsgKey.of(m) for m in messages], MsgKey.of(reply),
                          array.array("i", prompt), array.array("i", completion))
 
 
@@ -58,33 +61,33 @@ REPLY = {"role": "assistant", "content": "Sure. ", "reasoning_content": "think",
     ({"role": "assistant", "content": "Not sure.", "tool_calls": [_call("bash", '{"command":"ls","n":1}')]}, False),
 ])
 def test_1_1_message_comparison(new, ok):
-    assert ex.MsgKey.of(REPLY).matches(ex.MsgKey.of(new)) is ok
+    assert MsgKey.of(REPLY).matches(MsgKey.of(new)) is ok
 
 
 def test_1_2_media_is_detected():
-    assert ex.has_media([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
-    assert not ex.has_media([{"role": "user", "content": [{"type": "text", "text": "x"}]}, USER])
+    assert has_media([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}])
+    assert not has_media([{"role": "user", "content": [{"type": "text", "text": "x"}]}, USER])
 
 
 def test_2_1_deepest_parent_wins_and_settings_must_match():
     m2 = [USER, REPLY, {"role": "tool", "tool_call_id": "call_1", "content": "a"}]
     t1 = _turn("t1", [USER], REPLY, [1, 5, 2], [7, 2])
     t2 = _turn("t2", m2, {"role": "assistant", "content": "done"}, [1, 5, 2, 7, 2, 9, 2], [8, 2])
-    new = [ex.MsgKey.of(m) for m in m2 + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "?"}]]
-    assert ex.find_parent([t2, t1], b"k", new) is t2
-    assert ex.find_parent([t1], b"k", new) is t1
-    assert ex.find_parent([t1, t2], b"other-tools", new) is None
-    edited = [ex.MsgKey.of(m) for m in [{"role": "user", "content": "changed"}, REPLY, m2[2]]]
-    assert ex.find_parent([t1, t2], b"k", edited) is None
-    assert ex.find_parent([t1], b"k", [ex.MsgKey.of(USER)]) is None  # no reply in the new history
+    new = [MsgKey.of(m) for m in m2 + [{"role": "assistant", "content": "done"}, {"role": "user", "content": "?"}]]
+    assert find_parent([t2, t1], b"k", new) is t2
+    assert find_parent([t1], b"k", new) is t1
+    assert find_parent([t1, t2], b"other-tools", new) is None
+    edited = [MsgKey.of(m) for m in [{"role": "user", "content": "changed"}, REPLY, m2[2]]]
+    assert find_parent([t1, t2], b"k", edited) is None
+    assert find_parent([t1], b"k", [MsgKey.of(USER)]) is None  # no reply in the new history
 
 
 def test_2_2_settings_key_covers_model_tools_and_template_kwargs():
     body = {"tools": [{"type": "function", "function": {"name": "a"}}], "chat_template_kwargs": {"x": 1}}
-    assert ex.settings_key("m", body) == ex.settings_key("m", dict(body))
-    assert ex.settings_key("m", body) != ex.settings_key("n", body)
-    assert ex.settings_key("m", body) != ex.settings_key("m", {**body, "chat_template_kwargs": {"x": 2}})
-    assert ex.settings_key("m", body) != ex.settings_key("m", {"chat_template_kwargs": {"x": 1}})
+    assert settings_key("m", body) == settings_key("m", dict(body))
+    assert settings_key("m", body) != settings_key("n", body)
+    assert settings_key("m", body) != settings_key("m", {**body, "chat_template_kwargs": {"x": 2}})
+    assert settings_key("m", body) != settings_key("m", {"chat_template_kwargs": {"x": 1}})
 
 
 def test_3_1_splice_keeps_sampled_ids_and_takes_the_canonical_tail():
@@ -112,12 +115,12 @@ def test_4_1_end_of_turn_detection():
     word = [56, 57]
     one = [1, 8, 56, 57, 2, 9]
     three = one + [1, 7, 56, 57, 2, 9] + one
-    assert ex.end_of_turn(one, three, word) == 2
-    assert ex.end_of_turn([1, 8, 56, 57], [1, 8, 56, 57] * 3, word) is None
+    assert end_of_turn(one, three, word) == 2
+    assert end_of_turn([1, 8, 56, 57], [1, 8, 56, 57] * 3, word) is None
 
 
 def test_5_1_cache_bounds():
-    c = ex.TurnCache(max_sessions=2, max_turns=2, max_bytes=10_000)
+    c = TurnCache(max_sessions=2, max_turns=2, max_bytes=10_000)
     for i in range(3):
         c.add("a", _turn(f"a{i}", [USER], REPLY, [1] * 10, [2]))
     assert [t.id for t in c.turns("a")] == ["a1", "a2"]
@@ -209,12 +212,12 @@ def _run(coro):
 
 def test_7_1_prepare_splices_with_a_known_parent_and_falls_back_otherwise():
     mode = ex.ExactMode()
-    mode.probes[("http://b/v1", "m", "0.32.0")] = ex.ProbeResult(True, eot=EOT)
+    mode.probes[("http://b/v1", "m", "0.32.0")] = ProbeResult(True, eot=EOT)
     canonical = [1, 10, 2, 3, 1, 40, EOT, 3, 1, 12, EOT, 3, 1, 11, 3]
     backend = _Backend(lambda req: httpx.Response(200, json={"tokens": canonical, "count": len(canonical)}))
     reply = {"role": "assistant", "content": "abc"}
     mode.cache.add("s", _turn("t1", [USER], reply, [1, 10, 2, 3, 1, 11, 3], [40, 41, 42, EOT],
-                              key=ex.settings_key("m", {})))
+                              key=settings_key("m", {})))
     shaped = _shaped([USER, reply, {"role": "user", "content": "more"}])
     turn = _run(mode.prepare(backend, INFO, shaped.body, "s"))
     assert turn.meta["path"] == "exact" and turn.meta["parent"] == "t1"
@@ -235,26 +238,26 @@ def test_7_2_backend_trouble_is_a_fallback_reason():
     mode = ex.ExactMode()
     key = ("http://b/v1", "m", "0.32.0")
     reply = {"role": "assistant", "content": "abc"}
-    mode.cache.add("s", _turn("t1", [USER], reply, [1, 2], [40, EOT], key=ex.settings_key("m", {})))
+    mode.cache.add("s", _turn("t1", [USER], reply, [1, 2], [40, EOT], key=settings_key("m", {})))
     messages = [USER, reply, {"role": "user", "content": "more"}]
 
     def down(req):
         raise httpx.ConnectError("refused")
     t = _run(mode.prepare(_Backend(down), INFO, _shaped(messages).body, "s"))
     assert t.meta["fallback_reason"] == "probe_error" and key not in mode.probes  # retried at the next call
-    mode.probes[key] = ex.ProbeResult(True, eot=EOT)
+    mode.probes[key] = ProbeResult(True, eot=EOT)
     t = _run(mode.prepare(_Backend(down), INFO, _shaped(messages).body, "s"))
     assert t.meta["fallback_reason"] == "render_failed" and t.meta["parent"] == "t1"
     few = _Backend(lambda req: httpx.Response(200, json={"tokens": [1, 2, 40, 7]}))
     assert _run(mode.prepare(few, INFO, _shaped(messages).body, "s")).meta["fallback_reason"] == "boundary_not_found"
-    mode.probes[key] = ex.ProbeResult(False, message="no")
+    mode.probes[key] = ProbeResult(False, message="no")
     assert _run(mode.prepare(few, INFO, _shaped(messages).body, "s")).meta["fallback_reason"] == "mode_refused"
 
 
 def test_7_3_finish_checks_the_echo_and_commit_caches():
     mode = ex.ExactMode()
     parent = _turn("t1", [USER], {"role": "assistant", "content": "a"}, [1, 2], [40, EOT])
-    turn = ex.ExactTurn("s", b"k", [ex.MsgKey.of(USER)], {"path": "exact", "fallback_reason": None}, parent,
+    turn = ex.ExactTurn("s", b"k", [MsgKey.of(USER)], {"path": "exact", "fallback_reason": None}, parent,
                         sent=[1, 2, 40, EOT, 3])
     sent = orjson.dumps({"messages": [], "kv_transfer_params": {"prompt_token_ids": [1, 2, 40, EOT, 3]}})
     r = _record("t2", [1, 2, 40, EOT, 3], [5, EOT], upstream_request=sent, assistant={"content": "b"})
@@ -273,10 +276,10 @@ def test_7_4_a_first_call_is_a_new_conversation_never_an_edit():
     already holds cached turns (a title or router side call, an earlier conversation under the same session id).
     `no_parent` stays the miss: earlier turns in the history, none cached. `history_edited` needs both."""
     mode = ex.ExactMode()
-    mode.probes[("http://b/v1", "m", "0.32.0")] = ex.ProbeResult(True, eot=EOT)
+    mode.probes[("http://b/v1", "m", "0.32.0")] = ProbeResult(True, eot=EOT)
     backend = _Backend(lambda req: httpx.Response(500))  # never asked: no render happens on these paths
     reply = {"role": "assistant", "content": "abc"}
-    mode.cache.add("s", _turn("t1", [USER], reply, [1, 10, 2], [40, EOT], key=ex.settings_key("m", {})))
+    mode.cache.add("s", _turn("t1", [USER], reply, [1, 10, 2], [40, EOT], key=settings_key("m", {})))
     system = {"role": "system", "content": "Be brief."}
     other = {"role": "user", "content": "a new task"}
     for session, messages, reason in [
@@ -315,8 +318,8 @@ def _shape(chat, **prompt):
 
 
 def _mode(**cache):
-    mode = ex.ExactMode(ex.TurnCache(**cache) if cache else None)
-    mode.probes[("http://b/v1", "m", "0.32.0")] = ex.ProbeResult(True, eot=EOT)
+    mode = ex.ExactMode(TurnCache(**cache) if cache else None)
+    mode.probes[("http://b/v1", "m", "0.32.0")] = ProbeResult(True, eot=EOT)
     return mode
 
 
@@ -436,7 +439,7 @@ def test_8_4_the_index_reads_each_file_once_and_only_what_was_added(tmp_path):
     _session(live, "s", 2)
     live.call("s", [USER], [EOT], {"content": "x"}, error={"stage": "backend_stream", "status": 200,
                                                            "type": "unavailable", "message": "cut"})
-    index = TurnIndex(str(tmp_path), ex.INDEX_FIELDS, ex.may_be_cached)
+    index = TurnIndex(str(tmp_path), INDEX_FIELDS, may_be_cached)
     first = index.refresh()
     assert (first.files_read, first.records_kept) == (1, 2) and index.count("s") == 2  # the failed call is not kept
     assert index.refresh().files_read == 0  # nothing new
@@ -477,7 +480,7 @@ def test_8_6_records_that_cannot_be_read_back_are_rebuild_failed_never_an_except
     (path,) = rec.expand_inputs([str(tmp_path)])
     first_len = len(rec.pack(next(r for _, r in rec.iter_file(path, raw=True))))
     restarted = _Live(tmp_path)
-    index = restarted.mode.indexes[str(tmp_path)] = TurnIndex(str(tmp_path), ex.INDEX_FIELDS, ex.may_be_cached)
+    index = restarted.mode.indexes[str(tmp_path)] = TurnIndex(str(tmp_path), INDEX_FIELDS, may_be_cached)
     index.refresh()
     with open(path, "r+b") as fh:  # the first turn's bytes go bad after they were indexed
         fh.write(b"\xc1" * first_len)
@@ -515,7 +518,7 @@ def test_8_8_writers_interleave_by_end_time_each_in_its_own_order(tmp_path):
     put("flows-20260101T000000.000000Z-h-1-0001.msgpack", r("a1", 1.0), r("a2", 3.0))
     put("flows-20260101T000001.000000Z-h-1-0002.msgpack", r("a3", 2.5))  # its clock stepped back: still after a2
     put("flows-20260101T000000.500000Z-h-2-0001.msgpack", r("b1", 2.0), r("b2", 4.0))
-    index = TurnIndex(str(tmp_path), ex.INDEX_FIELDS, ex.may_be_cached)
+    index = TurnIndex(str(tmp_path), INDEX_FIELDS, may_be_cached)
     index.refresh()
     got = [x["id"] for x in index.session_records("s", ReadStats())]
     assert got == ["a1", "b1", "a2", "a3", "b2"]

@@ -153,7 +153,7 @@ def test_1_2_the_reader_reports_a_torn_tail(upstream, gateway, tmp_path):
         assert len(got) == 1 and got[0][1]["id"] == records[0]["id"]
         assert scan.torn_tail is not None and scan.torn_tail.in_progress is in_progress
         assert scan.torn_tail.nbytes == len(rec.pack(records[1])) - 9
-    cli = subprocess.run([sys.executable, "-m", "polar.addon.record", str(tmp_path / "flows-x.msgpack")],
+    cli = subprocess.run([sys.executable, "-m", "polar.records", str(tmp_path / "flows-x.msgpack")],
                          capture_output=True, text=True)
     assert "ERROR: torn tail in a closed file" in cli.stderr
 

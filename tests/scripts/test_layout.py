@@ -75,7 +75,7 @@ def _calls_unpacker(tree: ast.AST) -> bool:
 
 def test_2_1_nothing_outside_polar_records_names_flow_files_or_unpacks_them():
     """Flow file names (`flows-…`, `.msgpack.open`) are built and parsed, and records skimmed or unpacked, only in
-    polar.records; addon/record.py, its re-export, holds none of it either."""
+    polar.records."""
     found = []
     for path in _house_files():
         text = path.read_text()

@@ -8,7 +8,7 @@ import os
 import msgpack
 import pytest
 
-from polar.addon import record as rec
+from polar import records as rec
 
 pytestmark = pytest.mark.unit
 
@@ -138,7 +138,7 @@ def test_4_1_inspector_on_a_missing_path_or_no_flow_files_is_one_line_and_exit_2
     (tmp_path / "empty_dir").mkdir()
     assert rec.main([str(tmp_path / arg)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("python -m polar.addon.record: error: ") and str(tmp_path) in err
+    assert err.count("\n") == 1 and err.startswith("python -m polar.records: error: ") and str(tmp_path) in err
 
 
 FOREIGN = {
@@ -160,7 +160,7 @@ def test_4_2_a_file_that_is_not_a_flow_file_has_one_wording(tmp_path, capsys, na
         list(rec.iter_file(str(path)))
     assert rec.main([str(path)]) == 2
     err = capsys.readouterr().err
-    assert err == f"python -m polar.addon.record: error: {why}\n"
+    assert err == f"python -m polar.records: error: {why}\n"
 
 
 @pytest.mark.parametrize("blob", [b"", rec.pack(make(0)), rec.pack(make(0))[:7], rec.pack({"v": rec.VERSION + 1})],
