@@ -49,6 +49,7 @@ class StartSpec:
     models_dir: str | None = None
     replicas: int = 1  # > 1: a pool (start_pool); 0: one replica per visible CUDA device
     device: str | None = None  # the CUDA device of this one server (CUDA_VISIBLE_DEVICES), as a pool gives it
+    tensor_parallel_size: int = 1  # > 1: vLLM's --tensor-parallel-size, a GPU build only
 
     def to_args(self, port: int | None = None) -> list[str]:
         port = self.port if port is None else port
@@ -60,6 +61,8 @@ class StartSpec:
                *(["--vllm-venv", self.vllm_venv] if self.vllm_venv else []),
                *(["--models-dir", self.models_dir] if self.models_dir else []),
                *(["--device", self.device] if self.device is not None else []),
+               *(["--tensor-parallel-size", str(self.tensor_parallel_size)] if self.tensor_parallel_size != 1
+                 else []),
                *(["--replicas", str(self.replicas or "auto")] if self.replicas != 1 else [])]
         return out + (["--", *self.extra] if self.extra else [])
 
@@ -84,7 +87,7 @@ class StartSpec:
                    logprobs_mode=args.logprobs_mode, dtype=args.dtype, dev=args.dev, name=args.name,
                    timeout=args.timeout, run_file=Path(args.run_file), extra=list(extra),
                    vllm_venv=args.vllm_venv, models_dir=args.models_dir, replicas=args.replicas,
-                   device=args.device)
+                   device=args.device, tensor_parallel_size=args.tensor_parallel_size)
 
 
 
@@ -114,9 +117,22 @@ def add_start_arguments(p: argparse.ArgumentParser) -> None:
                         "(auto: one per visible device) (default 1)")
     p.add_argument("--device", metavar="D", help="the CUDA device this server runs on (CUDA_VISIBLE_DEVICES=D); a "
                                                   "pool gives each replica its own")
+    p.add_argument("--tensor-parallel-size", type=_positive, default=1, metavar="N",
+                   help="shard the model over N GPUs (vLLM's --tensor-parallel-size; a GPU build of vLLM only, one "
+                        "server: not with --replicas) (default 1)")
     add_venv_argument(p)
     p.add_argument("--models-dir", metavar="DIR",
                    help=f"where the preset models are (default: {MODELS_ENV}, else the checkout's .cache/models)")
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive number (got {text!r})")
+    return n
 
 
 def _replicas(text: str) -> int:

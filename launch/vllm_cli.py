@@ -2,11 +2,13 @@
 
   start  [--model tiny|smollm2|DIR] [--port P] [--max-model-len N] [--logprobs-mode raw_logprobs|processed_logprobs]
          [--dtype bfloat16|float32] [--dev] [--name NAME] [--timeout S] [--run-file PATH] [--replicas N|auto]
-         [--device D] [--vllm-venv DIR] [--models-dir DIR] [-- EXTRA_VLLM_FLAGS...]
+         [--device D] [--tensor-parallel-size N] [--vllm-venv DIR] [--models-dir DIR] [-- VLLM_ARGS...]
   stop   [--run-file PATH] [--timeout S]
   status [--run-file PATH]
   reload --weights DIR --version V [--run-file F] [--proxy-json FILE...] [--drain-timeout S (60)] [--vllm-venv DIR]
 
+`start … -- VLLM_ARGS` passes VLLM_ARGS to `vllm serve` unchanged, after its own flags (docs/own-vllm.md lists
+those); `--tensor-parallel-size N` shards one server over N GPUs (a GPU build only).
 `start` prints the base URL (`http://127.0.0.1:P/v1`, the only line on stdout) once /health answers and writes the
 run file (default `<run dir>/vllm.json`); a run file naming a healthy server of the same kind is reused. The server
 log is `<run dir>/vllm-<P>.log`. `--dtype float32` is what logprob verification needs; `--dev` opens vLLM's

@@ -27,10 +27,10 @@ from polar.launch import paths
 from polar.launch.process import free_port, port_in_use, stop_groups
 from polar.launch.runfiles import VllmPoolRunFile, VllmReplica, VllmRunFile, replica_run_file
 from polar.launch.vllm_args import BadInput, Fail, StartSpec
-from polar.launch.vllm_server import (Log, Stopped, _run_file_of, _spawn, command, healthy, is_cpu_build, is_server,
-                                      quiet, read_pool, read_run_file, replica_infos, resolve_model,
-                                      restore_weight_version, restored_weights, say, start, tail, venv_python,
-                                      warm_up)
+from polar.launch.vllm_server import (Log, Stopped, _run_file_of, _spawn, check_parallel, command, healthy,
+                                      is_cpu_build, is_server, quiet, read_pool, read_run_file, replica_infos,
+                                      resolve_model, restore_weight_version, restored_weights, say, start, tail,
+                                      venv_python, warm_up)
 
 def cuda_devices() -> list[str]:
     """The visible CUDA devices: CUDA_VISIBLE_DEVICES when set, else nvidia-smi's indexes; [] without either."""
@@ -137,6 +137,7 @@ def start_pool(spec: StartSpec, log: Log = say) -> VllmPoolRunFile | VllmRunFile
     name, model_dir, preset = resolve_model(spec.model, spec.models_dir)
     name = spec.name or name
     py = venv_python(spec.vllm_venv)
+    check_parallel(spec, py)
     devices = replica_devices(spec.replicas, py.parent.parent)
     n = len(devices)
     if n == 1:

