@@ -192,6 +192,36 @@ def test_2_1_a_cut_replica_moves_only_its_sessions_and_is_probed_back_in(replica
         assert status == 200 and '"error"' in text and '"finish_reason":"stop"' not in text.replace(" ", ""), text
 
 
+def test_2_3_a_call_waiting_for_its_first_byte_is_retried_once_on_the_next_replica(replicas, tmp_path):
+    """The replica dies while a call waits for its first byte (the relay holds the backend's answer, then is cut):
+    the proxy retries that call exactly once, on the next replica — one record, `replicas_tried` both, the pool's
+    `retries` 1 — and the agent gets a whole 200."""
+    kind, urls, ups = replicas
+    relay = CutRelay(("127.0.0.1", _port(urls[0])))
+    pool_urls = [relay.base_url, urls[1]]
+    session = next(s for s in SESSIONS if rendezvous_rank(s, pool_urls)[0] == pool_urls[0])
+    try:
+        with _pool_gateway(tmp_path, pool_urls) as gw:
+            assert _call(gw, 0, session)[0] == 200  # the pool has agreed, the session is home on replica 0
+            before = _state(gw, 0)["pool"]["retries"]
+            gw.mark()
+            relay.hold()
+            pending = concurrent.futures.ThreadPoolExecutor(1).submit(_call, gw, 0, session)
+            assert wait_for(lambda: relay.withheld_posts > 0, timeout=30)  # the call's answer waits at the relay
+            relay.cut()
+            status, text = pending.result(120)
+            records = [r for r in gw.records() if r["session"] == session]
+            retries = _state(gw, 0)["pool"]["retries"] - before
+    finally:
+        relay.release()
+        relay.cut()
+    assert status == 200 and '"choices"' in text, text
+    assert len(records) == 1, records
+    (record,) = records
+    assert record["error"] is None and record["replica"] == pool_urls[1] and record["replicas_tried"] == pool_urls
+    assert retries == 1
+
+
 AGENTS = 6  # three per proxy
 
 

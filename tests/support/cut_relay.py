@@ -3,6 +3,8 @@
     relay = CutRelay(("127.0.0.1", 8000))   # relay.base_url → "http://127.0.0.1:<port>/v1"
     relay.cut()       # the listener closes (connections refused) and every live connection is reset
     relay.restore()   # listening again on the same port
+    relay.hold()      # the backend's bytes stop at the relay (a call waits for its first byte); relay.withheld counts
+    relay.release()   # the chunks held, relay.withheld_posts those answering a POST; release lets them through
 
 Bytes pass through unchanged in both directions, so whatever is behind it (vLLM or a stand-in) is what the gateway sees.
 """
@@ -25,6 +27,11 @@ class CutRelay:
         self.port = probe.getsockname()[1]
         probe.close()
         self.accepted = 0
+        self.withheld = 0  # chunks from the backend that waited at a hold
+        self.withheld_posts = 0  # of those, chunks answering a POST (a model call, not a probe)
+        self._posting: set[socket.socket] = set()  # client sockets that sent a POST
+        self._open = threading.Event()
+        self._open.set()
         self.restore()
 
     @property
@@ -54,6 +61,12 @@ class CutRelay:
 
     close = cut
 
+    def hold(self) -> None:
+        self._open.clear()
+
+    def release(self) -> None:
+        self._open.set()
+
     def _accept(self, listener: socket.socket) -> None:
         while True:
             try:
@@ -73,15 +86,23 @@ class CutRelay:
                     continue
                 self.accepted += 1
                 self._conns.update((client, upstream))
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            for a, b, back in ((client, upstream, False), (upstream, client, True)):
+                threading.Thread(target=self._pipe, args=(a, b, back), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+    def _pipe(self, src: socket.socket, dst: socket.socket, from_backend: bool = False) -> None:
         try:
             while True:
                 data = src.recv(65536)
                 if not data:
                     break
+                if not from_backend and data.startswith(b"POST "):
+                    with self._lock:
+                        self._posting.add(src)
+                if from_backend and not self._open.is_set():
+                    with self._lock:
+                        self.withheld += 1
+                        self.withheld_posts += dst in self._posting
+                    self._open.wait()
                 dst.sendall(data)
         except OSError:
             pass

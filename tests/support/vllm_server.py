@@ -224,7 +224,8 @@ def shared_vllm_pool(n: int = 2) -> list[VllmServer]:
         if key in _failed:  # do not pay a second start timeout for the same broken setup
             pytest.fail(_failed[key], pytrace=False)
         try:
-            servers, run_file = start_vllm_pool("tiny", n, dev=True)  # dev: the pool tests publish to it
+            # dev: the pool tests publish to it; float32: this CPU emulates bfloat16, the slowest dtype it could run
+            servers, run_file = start_vllm_pool("tiny", n, dtype="float32", dev=True)
         except pytest.fail.Exception as e:
             _failed[key] = str(e)
             raise

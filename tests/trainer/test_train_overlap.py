@@ -93,3 +93,10 @@ def test_5_every_line_is_on_stderr_as_it_happens(overlapped):
     lines = stderr.splitlines()
     assert lines[0].startswith("polar-train: lr ") and lines[1].startswith("polar-train: starting the rollout stage")
     assert sum(1 for ln in lines if ln.startswith("polar-verify: ")) == 3
+
+
+def test_6_the_rollouts_overlapped_training(overlapped):
+    """Overlap at all: some step trained on samples an older policy drew (staleness 1) — a run whose steps went one
+    after another (rollout only after the previous publication) has staleness 0 everywhere and fails here."""
+    _, lines, _ = overlapped
+    assert max(ln["staleness"]["max"] for ln in lines) == 1, [ln["staleness"] for ln in lines]
