@@ -172,7 +172,7 @@ def venv_python(flag: str | None = None) -> Path:
     if venv is not None and (venv / "bin" / "python").exists():
         return venv / "bin" / "python"
     where = f"no vLLM environment at {venv}" if venv is not None else "no vLLM environment"
-    raise Fail(f"{where}: pass --vllm-venv DIR or set {VENV_ENV}, or run: {SETUP}{_in_a_checkout()}")
+    raise BadInput(f"{where}: pass --vllm-venv DIR or set {VENV_ENV}, or run: {SETUP}{_in_a_checkout()}")
 
 
 def _in_a_checkout() -> str:
@@ -192,7 +192,7 @@ def chat_template(models: Path | None) -> Path:
         candidate = folder / "tokenizer" / "chat_template.jinja" if folder is not None else None
         if candidate is not None and candidate.is_file():
             return candidate
-    raise Fail(f"no ChatML-with-tools template (tokenizer/chat_template.jinja under the models folder): pass "
+    raise BadInput(f"no ChatML-with-tools template (tokenizer/chat_template.jinja under the models folder): pass "
                f"--models-dir DIR or set {MODELS_ENV}, or run: {SETUP}{_in_a_checkout()}")
 
 
@@ -203,7 +203,7 @@ def resolve_model(model: str, models_flag: str | None = None) -> tuple[str, Path
         model_dir = models / model if models is not None else None
         if model_dir is None or not (model_dir / "config.json").exists():
             where = f" ({model_dir})" if model_dir is not None else ""
-            raise Fail(f"model '{model}' is not built{where}: pass --models-dir DIR or set {MODELS_ENV}, or run: "
+            raise BadInput(f"model '{model}' is not built{where}: pass --models-dir DIR or set {MODELS_ENV}, or run: "
                        f"{SETUP}{_in_a_checkout()}")
         preset = dict(PRESETS[model])
         if CHAT_TEMPLATE in preset["flags"]:
@@ -211,7 +211,7 @@ def resolve_model(model: str, models_flag: str | None = None) -> tuple[str, Path
         return model, model_dir, preset
     model_dir = Path(model).expanduser().resolve()
     if not (model_dir / "config.json").exists():
-        raise Fail(f"--model must be one of {', '.join(PRESETS)} or a model directory with config.json: {model}")
+        raise BadInput(f"--model must be one of {', '.join(PRESETS)} or a model directory with config.json: {model}")
     return model_dir.name, model_dir, {"max_model_len": None, "flags": [], "env": {}}
 
 

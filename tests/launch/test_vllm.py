@@ -239,7 +239,10 @@ def test_5_1_the_command_line_exit_codes(tmp_path):
     env = {**os.environ, vllm_args.VENV_ENV: str(tmp_path / "no-venv")}
     p = subprocess.run([*CLI, "start", "--model", str(model_dir(tmp_path)), "--run-file", str(tmp_path / "rf.json")],
                        capture_output=True, text=True, timeout=60, env=env)
-    assert p.returncode == 1 and p.stdout == "" and one_line(p.stderr) and "--vllm-venv" in p.stderr
+    assert p.returncode == 2 and p.stdout == "" and one_line(p.stderr) and "--vllm-venv" in p.stderr
+    p = subprocess.run([*CLI, "start", "--model", "tiny", "--models-dir", str(tmp_path / "none"), "--run-file",
+                        str(tmp_path / "rf.json")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and one_line(p.stderr) and "model 'tiny' is not built" in p.stderr  # contracts.md: 2
     p = subprocess.run([*CLI, "reload", "--weights", str(tmp_path / "none"), "--version", "v", "--run-file",
                         str(tmp_path / "rf.json")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and one_line(p.stderr) and "--weights" in p.stderr

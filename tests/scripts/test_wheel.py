@@ -165,10 +165,10 @@ def test_1_1_the_wheel_runs_rollout_process_export_and_verify_outside_the_checko
     proc = _run([venv_a / "bin" / "polar-proxy", "start", "--upstream", upstream.base_url], work, env_a)
     assert proc.returncode == 2 and "--confdir" in proc.stderr and "POLAR_CONFDIR" in proc.stderr, proc.stderr
     proc = _run([venv_a / "bin" / "polar-vllm", "start", "--model", "tiny"], work, env_a)
-    assert proc.returncode == 1 and "--models-dir" in proc.stderr and "POLAR_MODELS_DIR" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "--models-dir" in proc.stderr and "POLAR_MODELS_DIR" in proc.stderr, proc.stderr
     proc = _run([venv_a / "bin" / "polar-vllm", "start", "--model", "tiny"], work,
                 {**env_a, "POLAR_MODELS_DIR": str(TINY.parent)})
-    assert proc.returncode == 1 and "--vllm-venv" in proc.stderr and "POLAR_VLLM_VENV" in proc.stderr, proc.stderr
+    assert proc.returncode == 2 and "--vllm-venv" in proc.stderr and "POLAR_VLLM_VENV" in proc.stderr, proc.stderr
 
     env_a["POLAR_CONFDIR"] = str(home / "certs")
     run = work / "run"
