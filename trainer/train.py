@@ -67,10 +67,8 @@ from polar.launch import vllm as launch_vllm
 from polar.launch.runfiles import VllmPoolRunFile, VllmRunFile
 from polar.processor.report_doc import read_report
 from polar.trainer import has_trainer_env, needs_trainer_env
-from polar.trainer.plan import (BadInput, Plan, StageFailed, check_args, count_params, default_lr,  # noqa: F401
-                                parser, task_dirs, tasks_of_step)
-from polar.trainer.rollout_stage import (RolloutService, eval_dir, rewards_of, step_dir, version_index,  # noqa: F401
-                                         version_of)
+from polar.trainer.plan import BadInput, Plan, StageFailed, check_args, parser, task_dirs, tasks_of_step
+from polar.trainer.rollout_stage import RolloutService, rewards_of, step_dir, version_index, version_of
 
 NEEDS_TRAIN = needs_trainer_env("polar-train")
 TRAIN_FIELDS = ("step", "weight_version", "samples", "statuses", "reward_mean", "reward_mean_per_group",

@@ -17,7 +17,9 @@ import torch
 from polar.trainer import grpo
 from polar.trainer import train as polar_train
 from polar.trainer.loader import MicroBatches, Selection, SequenceTokens
+from polar.trainer.plan import Plan, count_params, default_lr, task_dirs, tasks_of_step
 from polar.trainer.recompute import load_model, token_logprobs
+from polar.trainer.rollout_stage import rewards_of
 
 pytestmark = pytest.mark.unit
 
@@ -104,33 +106,33 @@ def _results(tmp_path: Path, groups: dict[str, list[float]]) -> Path:
 
 
 def test_groups_without_spread(tmp_path):
-    r = polar_train.rewards_of(_results(tmp_path, {"a": [0.0, 0.0], "b": [0.2, 0.4], "c": [1.0, 1.0]}))
+    r = rewards_of(_results(tmp_path, {"a": [0.0, 0.0], "b": [0.2, 0.4], "c": [1.0, 1.0]}))
     assert r["groups"] == 3 and r["groups_without_spread"] == 2 and r["samples"] == 6
     assert r["reward_mean"] == pytest.approx(2.6 / 6)
     assert r["reward_std"] == pytest.approx(float(np.std([0, 0, 0.2, 0.4, 1, 1])))
 
 
 def test_default_lr_is_picked_from_the_model():
-    params = polar_train.count_params(TINY)
+    params = count_params(TINY)
     assert 2_000_000 < params < 4_000_000
-    lr, mini, epochs, why = polar_train.default_lr(params)
+    lr, mini, epochs, why = default_lr(params)
     assert (lr, mini, epochs) == (1e-2, 2, 8) and "small model" in why
-    lr, mini, epochs, _ = polar_train.default_lr(134_515_008)  # SmolLM2-135M
+    lr, mini, epochs, _ = default_lr(134_515_008)  # SmolLM2-135M
     assert 1e-5 <= lr <= 5e-5 and (mini, epochs) == (2, 1)
 
 
 def test_task_draw_is_seeded_and_covers_the_family():
     tasks = [str(FAMILIES / "digit-share" / "train")]
-    plan = polar_train.Plan(tasks=tasks, agent="a", model="m", steps=8, samples=2, lr=1e-2, weight_decay=0, clip=0.2,
-                            tis_cap=None, micro_batch_tokens=4096, dtype="float32", sampling="", rollout_cmd="x",
-                            tasks_per_step=4, seed=5)
-    draws = [polar_train.tasks_of_step(plan, s) for s in range(1, 9)]
+    plan = Plan(tasks=tasks, agent="a", model="m", steps=8, samples=2, lr=1e-2, weight_decay=0, clip=0.2,
+                tis_cap=None, micro_batch_tokens=4096, dtype="float32", sampling="", rollout_cmd="x",
+                tasks_per_step=4, seed=5)
+    draws = [tasks_of_step(plan, s) for s in range(1, 9)]
     assert all(len(d) == 4 == len(set(d)) for d in draws)
-    assert draws == [polar_train.tasks_of_step(plan, s) for s in range(1, 9)]  # the same on --resume
+    assert draws == [tasks_of_step(plan, s) for s in range(1, 9)]  # the same on --resume
     assert len({t for d in draws for t in d}) > 8  # many prompts of the family, not one
     plan.seed = 6
-    assert [polar_train.tasks_of_step(plan, s) for s in range(1, 9)] != draws
-    assert len(polar_train.task_dirs(tasks)) == 32
+    assert [tasks_of_step(plan, s) for s in range(1, 9)] != draws
+    assert len(task_dirs(tasks)) == 32
 
 
 def test_prune_keeps_the_newest_and_the_serving_one(tmp_path):
