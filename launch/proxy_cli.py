@@ -14,7 +14,8 @@ start refuses (exit 2) while the run file names a live proxy; a run file whose p
 lines and # comments ignored); each must be http(s) and end in /v1, none listed twice.
 Bad options fail up front with one line and exit 2; an upstream that does not answer GET /models within 2 s is a
 one-line warning (vLLM may still be starting). The printed lines are shell-quoted, the session percent-encoded.
-Outside a checkout, name the CA directory with --confdir or POLAR_CONFDIR (a new CA is made there when it has none).
+The CA directory: --confdir, else POLAR_CONFDIR, else a checkout's certs/, else $XDG_DATA_HOME/polar (or
+~/.local/share/polar); a new CA is made there, 0700, when it has none.
 """
 
 from __future__ import annotations
@@ -28,10 +29,11 @@ from polar.launch import paths
 from polar.launch import proxy as lib
 from polar.launch.proxy import env_lines, live_proxies, wait_ready  # noqa: F401 — this command's building blocks
 from polar.records import uuid7
+from polar.records.cliargs import OneLineParser
 
 
 def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog or lib.command(), description=__doc__.split("\n\n")[0],
+    parser = OneLineParser(prog=prog or lib.command(), description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("start", "stop", "status", "env"),
                         help="start: launch and print the lines to eval; stop: stop every proxy of the run file; "
@@ -65,8 +67,8 @@ def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
                              "checkout's .cache/run, else ~/.cache/polar/run; here %(default)s)")
     parser.add_argument("--confdir", default=None,
                         help="start: the CA directory, made 0700 with a new CA when it has none (default: "
-                             "$POLAR_CONFDIR, else the checkout's certs/; here "
-                             f"{paths.confdir() or 'none: pass it'})")
+                             "$POLAR_CONFDIR, else the checkout's certs/, else $XDG_DATA_HOME/polar or ~/.local/share/polar; "
+                             f"here {paths.confdir()})")
     parser.add_argument("--mitmdump", default=None,
                         help="start: the mitmdump to run (default: $POLAR_MITMDUMP if set, else the one beside "
                              "this Python, else on PATH)")

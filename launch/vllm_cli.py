@@ -35,10 +35,11 @@ import sys
 
 from polar.launch import publish as publishing
 from polar.launch import vllm, vllm_args, vllm_pool
+from polar.records.cliargs import OneLineParser
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
     default_run_file = str(vllm.default_run_file())
 

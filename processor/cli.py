@@ -15,6 +15,7 @@ from polar.processor.report import summary
 from polar.processor.rewards import RewardsError
 from polar.processor.writers import OutputError
 from polar.records import FILE_SUFFIX, OPEN_SUFFIX
+from polar.records.cliargs import OneLineParser
 
 
 def _positive_int(text: str) -> int:
@@ -33,7 +34,7 @@ def _positive_float(text: str) -> float:
 
 def parser() -> argparse.ArgumentParser:
     """Every option's help says what it does and its default (a test holds each to that)."""
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="polar-process",
         description="Rebuild token-faithful training sequences from Polar gateway flow files.",
         epilog="Exit codes: 0 ok, 2 bad input (one line on stderr naming the fix). Documented in docs/options.md and docs/merge-rules.md.")

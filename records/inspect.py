@@ -54,7 +54,9 @@ def main(argv: list[str] | None = None, prog: str = PROG) -> int:
     import argparse
     import json
 
-    parser = argparse.ArgumentParser(prog=prog, description="Print flow records.")
+    from polar.records.cliargs import OneLineParser
+
+    parser = OneLineParser(prog=prog, description="Print flow records.")
     parser.add_argument("paths", nargs="+", help="flow files, directories or globs")
     parser.add_argument("--full", action="store_true", help="print whole bodies and token arrays")
     args = parser.parse_args(argv)

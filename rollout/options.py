@@ -9,6 +9,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from polar.records.cliargs import OneLineParser
 from polar.rollout import agents as agentlib
 from polar.rollout.common import UsageError
 from polar.rollout.job import AgentSpec
@@ -159,7 +160,7 @@ def _environment_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="polar-rollout",
         description="Run K samples of an unmodified agent on each Harbor task, each in a sandbox behind the Polar "
                     "proxy; verify them, write rewards and groups, and process the records into trainer batches.",

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from polar.launch import paths
 from polar.launch import proxy as launch_proxy
+from polar.records.cliargs import OneLineParser
 from polar.rollout import options as rollout_options
 from polar.rollout import proxyctl, runflows
 from polar.rollout import serve_protocol as sp
@@ -374,7 +375,7 @@ class Serve:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="polar-rollout serve",
         description="The long-lived rollout stage: one proxy and one preflight, then polar-rollout runs on request "
                     "(DIR/requests/<name>.json → DIR/responses/<name>.json), several at once.",

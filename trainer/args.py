@@ -3,20 +3,17 @@ argparse's usage block. polar-train, polar-verify and polar-export build their p
 
 from __future__ import annotations
 
-import argparse
 import sys
 
+from polar.records import cliargs
 
-class OneLineParser(argparse.ArgumentParser):
-    """`error` prints `PROG: MESSAGE (see PROG --help)` on stderr and exits 2; with `raises`, the message goes to
-    that exception instead (polar-export reports its errors itself)."""
 
-    def __init__(self, *args, raises: type[Exception] | None = None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.raises = raises
+class OneLineParser(cliargs.OneLineParser):
+    """`error` prints `PROG: MESSAGE (see PROG --help)` on stderr and exits 2, a typo's nearest option named; with
+    `raises`, the message goes to that exception instead (polar-export reports its errors itself)."""
 
     def error(self, message: str):
-        line = f"{message} (see {self.prog} --help)"
+        line = f"{self.hint(message)} (see {self.prog} --help)"
         if self.raises is not None:
             raise self.raises(line)
         print(f"{self.prog}: {line}", file=sys.stderr)
