@@ -87,6 +87,7 @@ def test_1_three_rounds_exact_rows_published_versions(restored, trl_serve, tmp_p
     assert all(ln["polar/verify_checked"] > 0 for ln in lines), lines
     report = json.loads((out / "rounds" / "train-000002" / "p0.json").read_text())
     assert report["weight_version"] == "trl-2" and len(report["rows"]) == 8
+    assert sorted(p.name for p in (out / "weights").iterdir()) == ["trl-1", "trl-2"]  # the published and the one before
 
 
 # -- the example as a user runs it ----------------------------------------------------------------------------------
@@ -130,8 +131,9 @@ def test_2_it_learns_and_the_lr0_control_does_not(restored, trl_serve, tmp_path)
     learn, control = tmp_path / "learn", tmp_path / "control"
     proc = run_example(*example_args(FAMILY, learn, restored, trl_serve), *common)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    # lr 0: the weights never change, so one update a round draws the same policy's samples as sixteen would
     ctl = run_example(*example_args(FAMILY, control, restored, trl_serve), *common, "--lr", "0",
-                      "--mini-batches", "2", "--epochs", "8")
+                      "--mini-batches", "1", "--epochs", "1")
     assert ctl.returncode == 0, ctl.stdout[-3000:] + ctl.stderr[-5000:]
     got, base = summary(learn)["rounds"], summary(control)["rounds"]
     rewards, controls = [r["reward"] for r in got], [r["reward"] for r in base]
@@ -141,6 +143,7 @@ def test_2_it_learns_and_the_lr0_control_does_not(restored, trl_serve, tmp_path)
     assert len(rewards) == len(controls) == 12
     assert all(r["polar/verify_within"] == 1.0 for r in got + base)
     assert [r["polar/weight_version"] for r in got] == [16.0 * i for i in range(12)]  # M·E = 2·8 steps a round
+    assert [r["polar/weight_version"] for r in base] == [float(i) for i in range(12)]
     assert rise(rewards) >= LEARN_RISE, rewards
     assert rise(controls) < CONTROL_RISE, controls
 
@@ -382,7 +385,7 @@ def test_8_an_exception_in_training_ends_the_serve_it_started(restored, tmp_path
     del argv[argv.index("--serve"):argv.index("--serve") + 2]
     args = example.parser().parse_args([*argv, "--rounds", "2", "--samples", "2", "--tasks-per-round", "1", "--lr",
                                         "1e-2", "--mini-batches", "1", "--epochs", "1",
-                                        "--rollout-opt=--sandbox=bwrap"])
+                                        "--rollout-opt=--sandbox=bwrap", "--rollout-opt=--skip-preflight"])
     trainer, rollout = example.build(args, callbacks=[Boom()])
     with pytest.raises(RuntimeError, match="the trainer failed"):
         with rollout:
