@@ -384,7 +384,7 @@ def _write(files: list[str], fmt: str, tmp: str, rows_per_file: int, temperature
 
 # ---------------------------------------------------------------------------------------------------- CLI
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> OneLineParser:
     p = OneLineParser(prog="polar-export", raises=ExportError,
                       description="Write a polar-process OUT's batches in a trainer's row format.")
     p.add_argument("out", metavar="OUT", help="a polar-process output directory (holds batches/)")
@@ -395,6 +395,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="keep sequences flagged context_mismatch (default: left out and counted: their prompt is not "
                         "the one the sampler saw; polar-rollout's exact mode avoids them)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
     try:
         args = p.parse_args(argv)
         manifest = export(args.out, args.format, args.directory, args.rows_per_file, args.keep_mismatched)
