@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
+import os
 import shlex
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 
@@ -27,10 +30,34 @@ def _report(out: Path) -> dict | None:
     return None
 
 
+def served_vocab(upstream: str | None, timeout: float = 3.0) -> list[str]:
+    """`--vocab MODEL=DIR` for each model the backend serves from a directory on this machine that holds a
+    tokenizer.json (its `/v1/models` entry's `root`: vLLM's model path) — so report.html shows token text without
+    being asked. Nothing for a remote backend, a replica list in a file, or a backend that does not answer."""
+    out: list[str] = []
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never through HTTPS_PROXY
+    for url in (upstream or "").split(","):
+        url = url.strip()
+        if not url or url.startswith("@"):
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            with opener.open(url.rstrip("/") + "/models", timeout=timeout) as resp:
+                entries = json.loads(resp.read()).get("data") or []
+            for entry in entries:
+                root = str(entry.get("root") or "")
+                has = root.endswith("tokenizer.json") and os.path.isfile(root) or \
+                    os.path.isfile(os.path.join(root, "tokenizer.json"))
+                spec = f"{entry.get('id')}={root}" if entry.get("id") else root
+                if root and has and spec not in out:
+                    out.append(spec)
+    return out
+
+
 def run_processor(run_dir: Path, flows: str | list[str], run_id: str, task_ids: list[str], sft_min_reward: float | None,
-                  process_opt: list[str]) -> dict:
+                  process_opt: list[str], upstream: str | None = None) -> dict:
     """polar-process over `flows` (a flow directory, or flow files), run to its end: {exit, seconds, out,
-    command[, report]}."""
+    command[, report]}. The served model's tokenizer is the report's vocabulary when `upstream` names it (a
+    --process-opt=--vocab=… wins)."""
     out = run_dir / "out"
     inputs = [flows] if isinstance(flows, str) else list(flows)
     cmd = [sys.executable, "-m", "polar.processor.cli", *inputs, "-o", str(out), "--overwrite", "--rewards",
@@ -40,6 +67,8 @@ def run_processor(run_dir: Path, flows: str | list[str], run_id: str, task_ids: 
     if sft_min_reward is not None:
         cmd += ["--sft-min-reward", repr(sft_min_reward)]
     cmd += list(process_opt)  # e.g. --process-opt=--engine=ray: the processor's engine is its own choice
+    if not any(opt.startswith("--vocab") for opt in process_opt):
+        cmd += [f"--vocab={spec}" for spec in served_vocab(upstream)]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
     (run_dir / "process.log").write_text(f"$ {shlex.join(cmd)}\n{proc.stdout}\n{proc.stderr}")

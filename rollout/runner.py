@@ -330,7 +330,7 @@ class Runner:
         o, p = self.opts, self.proxy
         assert p is not None
         return run_processor(self.run_dir, p.flows, self.run_doc["run_id"], [t.id for t in self.tasks],
-                             o.sft_min_reward, o.process_opt)
+                             o.sft_min_reward, o.process_opt, upstream=p.info.get("upstream"))
 
     def _shape(self) -> RunShape:
         o = self.opts

@@ -19,6 +19,7 @@ import shutil
 import signal
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 import polars as pl
@@ -95,6 +96,10 @@ def test_1_1_a_group_solved_in_k01_and_failed_in_k23_gets_advantages_plus_minus_
     calls = [rec for _, _, rec in iter_files(expand_inputs([str(run / "flows")]))
              if str(rec.get("session") or "").startswith("r1/six-times-seven/")]
     assert len(calls) == 4 and all(rec.get("exact") is not None for rec in calls), calls
+    # the report shows token text without --vocab: the backend's /v1/models names its tokenizer's directory
+    served = json.loads(urllib.request.urlopen(f"{upstream.base_url}/models", timeout=5).read())["data"][0]
+    assert f"--vocab={served['id']}={served['root']}" in (run / "process.log").read_text().splitlines()[0]
+    assert "token text (--vocab)" in (run / "out" / "report.html").read_text()
 
 
 def test_1_2_every_fault_gets_its_status_and_reward_rule(tmp_path, upstream):
