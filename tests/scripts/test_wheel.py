@@ -5,7 +5,12 @@ deleted modules into it) and installed with `--no-deps` into two new venvs, each
 checkout with no PYTHONPATH:
 - A, Python 3.12, `[proxy,agents]`: polar-rollout (its own proxy, the scripted upstream, the answer agent) →
   polar-process (inside polar-rollout) → polar-export;
-- B, Python 3.11, `[train]`: polar-verify on A's output with the tiny model.
+- B, Python 3.11, `[train]`: polar-verify on A's output with the tiny model;
+- C, Python 3.12, `[proxy]` without `[agents]` (the SDKs hidden from it): polar-rollout with a python: agent stops
+  before its preflight with the pip line of the extra.
+In A, `polar-rollout` runs with no flag but `--upstream` (besides its required TASKS, --agent, --out): its CA goes to
+the per-user directory ($XDG_DATA_HOME/polar, else ~/.local/share/polar), exact mode and the bwrap sandbox are its
+defaults.
 The third-party dependencies come from the project's own venvs (.venv, .venv-train) through one `.pth` line — the
 same interpreter versions, and minutes of downloads saved — and the test checks that every dependency the wheel
 declares for those extras is installed there, and that each `polar.*` package is imported from the new venv.
@@ -17,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +30,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tests.support.need import BASE, TRAIN, VLLM, need
+from tests.support.need import BASE, TRAIN, VLLM, need, need_sandbox
 
 pytestmark = pytest.mark.integration
 
@@ -85,15 +91,29 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def _venv(base_python: str, deps_venv: Path, wheel: Path, where: Path) -> Path:
-    """A new venv at `where` holding the wheel (no deps), its third-party packages from `deps_venv`."""
+# The checkout's own install in a deps venv: never carried into a new venv.
+OWN = ("__editable__.polar_gateway", "__editable___polar_gateway", "polar_gateway-")
+
+
+def _venv(base_python: str, deps_venv: Path, wheel: Path, where: Path, linked: bool = False) -> Path:
+    """A new venv at `where` holding the wheel (no deps), its third-party packages from `deps_venv`: through one
+    `.pth` path line, or (`linked`) hard-linked into its own site-packages — what a bwrap sandbox, which mounts the
+    venv and hides the rest of the host, needs to import them."""
     subprocess.run([base_python, "-m", "venv", "--without-pip", str(where)], check=True, timeout=120)
     python = where / "bin" / "python"
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
                            str(wheel)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    # one path line, no import line: the deps venv's own .pth files (the checkout's editable finder) stay unread
-    (_site_packages(python) / "polar-test-deps.pth").write_text(f"{_site_packages(deps_venv / 'bin' / 'python')}\n")
+    deps = _site_packages(deps_venv / "bin" / "python")
+    if linked:  # same filesystem: hard links take seconds and no space
+        entries = [p for p in deps.iterdir() if not p.name.startswith(OWN)]
+        proc = subprocess.run(["cp", "-al", *map(str, entries), str(_site_packages(python))], capture_output=True,
+                              text=True, timeout=300)
+        if proc.returncode != 0:  # another filesystem: copies
+            subprocess.run(["cp", "-a", *map(str, entries), str(_site_packages(python))], check=True, timeout=600)
+    else:
+        # one path line, no import line: the deps venv's own .pth files (the checkout's editable finder) stay unread
+        (_site_packages(python) / "polar-test-deps.pth").write_text(f"{deps}\n")
     for name, entry in CONSOLE_SCRIPTS.items():  # what pip writes for a dependency's console script
         if (deps_venv / "bin" / name).exists():
             module, func = entry.split(":")
@@ -143,7 +163,26 @@ def _check_installed(python: Path, extras: tuple[str, ...], cwd: Path, env: dict
 @pytest.fixture(scope="module")
 def venv_a(wheel, tmp_path_factory) -> Path:
     _require(PROXY_VENV / "bin" / "python", BASE)
-    return _venv(_base_python(PROXY_VENV), PROXY_VENV, wheel, tmp_path_factory.mktemp("venv-a") / "a")
+    return _venv(_base_python(PROXY_VENV), PROXY_VENV, wheel, tmp_path_factory.mktemp("venv-a") / "a", linked=True)
+
+
+@pytest.fixture(scope="module")
+def venv_c(wheel, tmp_path_factory) -> Path:
+    """[proxy] only: the agents' SDKs, present in .venv, are hidden from this venv by a meta path finder."""
+    _require(PROXY_VENV / "bin" / "python", BASE)
+    venv = _venv(_base_python(PROXY_VENV), PROXY_VENV, wheel, tmp_path_factory.mktemp("venv-c") / "c")
+    site = _site_packages(venv / "bin" / "python")
+    (site / "polar_test_no_agents.py").write_text(
+        "import sys\n"
+        "HIDDEN = ('anthropic', 'openai', 'google.genai')\n"
+        "class Hide:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if any(name == h or name.startswith(h + '.') for h in HIDDEN):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, Hide())\n")
+    (site / "polar-test-no-agents.pth").write_text("import polar_test_no_agents\n")
+    return venv
 
 
 @pytest.fixture(scope="module")
@@ -162,15 +201,30 @@ def test_1_1_the_wheel_runs_rollout_process_export_and_verify_outside_the_checko
     _check_installed(venv_b / "bin" / "python", ("train",), work, env_b)
 
     # without a checkout, each service command says in one line which flag or variable gives what it needs
-    proc = _run([venv_a / "bin" / "polar-proxy", "start", "--upstream", upstream.base_url], work, env_a)
-    assert proc.returncode == 2 and "--confdir" in proc.stderr and "POLAR_CONFDIR" in proc.stderr, proc.stderr
     proc = _run([venv_a / "bin" / "polar-vllm", "start", "--model", "tiny"], work, env_a)
     assert proc.returncode == 2 and "--models-dir" in proc.stderr and "POLAR_MODELS_DIR" in proc.stderr, proc.stderr
     proc = _run([venv_a / "bin" / "polar-vllm", "start", "--model", "tiny"], work,
                 {**env_a, "POLAR_MODELS_DIR": str(TINY.parent)})
     assert proc.returncode == 2 and "--vllm-venv" in proc.stderr and "POLAR_VLLM_VENV" in proc.stderr, proc.stderr
 
-    env_a["POLAR_CONFDIR"] = str(home / "certs")
+    # pip install, then polar-rollout with no flag but --upstream: the CA made in ~/.local/share/polar (0700),
+    # exact mode on, the bwrap sandbox, 4 samples, the preflight
+    need_sandbox("bwrap")
+    plain = work / "plain"
+    proc = _run([venv_a / "bin" / "polar-rollout", TASK, "--agent", "python:polar.rollout.sdk_agent:answer",
+                 "--out", plain, "--upstream", upstream.base_url], work, env_a)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    confdir = home / ".local" / "share" / "polar"
+    assert (confdir / "mitmproxy-ca-cert.pem").is_file() and stat.S_IMODE(confdir.stat().st_mode) == 0o700
+    doc = json.loads((plain / "run.json").read_text())
+    assert doc["proxy"]["exact"] is True and doc["sandbox"] == "bwrap" and doc["preflight"]["passed"] is True
+    assert len((plain / "results.jsonl").read_text().splitlines()) == 4
+
+    # polar-verify without torch names the pip extra, not a checkout's script
+    proc = _run([venv_a / "bin" / "polar-verify", plain / "out", "--model", TINY], work, env_a)
+    assert proc.returncode == 2 and "pip install 'polar-gateway[train]'" in proc.stderr, proc.stderr
+    assert "scripts/" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
     run = work / "run"
     proc = _run([venv_a / "bin" / "polar-rollout", TASK, "--agent", "python:polar.rollout.sdk_agent:answer",
                  "--samples", "2", "--sandbox", "none", "--upstream", upstream.base_url, "--out", run,
@@ -190,3 +244,20 @@ def test_1_1_the_wheel_runs_rollout_process_export_and_verify_outside_the_checko
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     verify = pl.read_parquet(run / "out" / "verify.parquet")
     assert verify.height == 2 and verify["n_checked"].sum() == sequences["n_trainable"].sum()
+
+
+def test_1_2_without_the_agents_extra_polar_rollout_stops_before_the_preflight_with_the_pip_line(venv_c, upstream,
+                                                                                                   tmp_path):
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir(), home.mkdir()
+    env = _clean_env(home)
+    proc = _run([venv_c / "bin" / "python", "-c", "import anthropic"], work, env)
+    assert proc.returncode == 1 and "No module named 'anthropic'" in proc.stderr  # hidden, as if not installed
+    run = work / "run"
+    proc = _run([venv_c / "bin" / "polar-rollout", TASK, "--agent", "python:polar.rollout.sdk_agent:answer",
+                 "--out", run, "--upstream", upstream.base_url], work, env)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert lines[0] == ("polar-rollout: error: --agent python:polar.rollout.sdk_agent:answer: it imports anthropic, "
+                        "which is not installed here: pip install 'polar-gateway[agents]'")
+    assert not run.exists() and not (home / ".local").exists()  # before the proxy, its CA, the preflight
