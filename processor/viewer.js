@@ -56,8 +56,29 @@
   // Short labels for the list's flag chips (the full name is each chip's title and in the legend).
   const SHORT = {context_mismatch: "CM", missing_logprobs: "LP", truncated_turn: "TR", aborted_turn: "AB",
     side_chain: "SC", superseded: "SU", constrained_decoding: "CD", oversize: "OV", mixed_weight_versions: "WV"};
+  // What each flag means and what to do about it: each chip's hover text, and the legend above the list.
+  const FLAG_HELP = {
+    context_mismatch: "the prompt the trainer rebuilds is not the one the model saw (normal mode). " +
+      "Run in exact mode (polar-rollout's default; --proxy-set polar_exact=true); polar-export leaves these out.",
+    missing_logprobs: "the backend returned no logprobs for a call. Start it with logprobs on " +
+      "(vLLM: --logprobs-mode raw_logprobs); verl and prime-rl exports leave these out.",
+    truncated_turn: "a turn ended at max_tokens (finish: length). Usually fine; raise the agent's max tokens " +
+      "or the context (--max-model-len) if many are cut.",
+    aborted_turn: "a turn ended without an end-of-turn token (the client went away, an error). " +
+      "See the call's status; train on it only if that is what you want.",
+    side_chain: "a second conversation of the session (a title, a router, a sub-agent). " +
+      "polar-process --side-chains include|zero|exclude decides its reward.",
+    superseded: "a retried call whose answer the agent discarded. Kept apart, trained as its own sequence.",
+    constrained_decoding: "a forced tool call or a JSON-schema answer: the logprobs are grammar-masked. " +
+      "Expect larger logprob gaps in polar-verify; they are counted apart.",
+    oversize: "longer than --max-batch-tokens: written alone in its batch, never cut. " +
+      "Raise --max-batch-tokens if your trainer allows.",
+    mixed_weight_versions: "its calls were served by more than one weight version (a publish mid-session). " +
+      "Off-policy by a version: the importance ratio covers it.",
+  };
+  const helpOf = (f) => f + (FLAG_HELP[f] ? ": " + FLAG_HELP[f] : "");
   const chips = (names) => names.length ? h("span", {class: "chips"}, ...names.map((f) =>
-    h("span", {class: "chip chip-" + f, title: f}, SHORT[f] || f))) : "–";
+    h("span", {class: "chip chip-" + f, title: helpOf(f)}, SHORT[f] || f))) : "–";
 
   function show(name) {
     for (const [k, el] of Object.entries(views)) el.hidden = k !== name;
@@ -161,7 +182,10 @@
       `Token strips of ${fmt(IDX.strips.left_out)} sessions` + (IDX.texts.left_out ? ` and the conversation text ` +
       `of ${fmt(IDX.texts.left_out)} sessions` : "") + ` were left out to keep the page under --report-max-mb ` +
       `${IDX.max_mb} (broken and flagged sessions keep theirs first).`) : null;
-    const legend = h("p", {class: "legend"}, "Flags: ", ...IDX.flags.flatMap((f) => [chips([f]), ` ${f}  `]));
+    const legend = h("details", {class: "legend", id: "flag-legend"}, h("summary", null, "Flags: ",
+      ...IDX.flags.flatMap((f) => [chips([f]), ` ${f}  `]), "(what each means, what to do)"),
+      h("dl", null, ...IDX.flags.flatMap((f) => [h("dt", null, chips([f]), " ", f),
+        h("dd", null, FLAG_HELP[f] || "")])));
     views.sessions.append(...present([h("h2", null, "Sessions"), strips]), h("form", {class: "filters", onsubmit: (e) => e.preventDefault()},
       ...Object.values(inputs), groups), count, legend,
       h("div", {class: "scroll"}, h("table", {class: "list"}, h("thead", null, head), body)),

@@ -132,6 +132,20 @@ def test_2_1_every_listed_session_row_carries_data_session(small):
     assert small.errors == []
 
 
+def test_2_4_each_flag_badge_explains_itself_on_hover_and_in_the_legend(small):
+    """Issue 37: a chip's title and the legend say what its flag means and what to do about it."""
+    small.show("#sessions", "#view-sessions tr[data-session]")
+    flags = sorted({f for fs in small.seqs["flags"].to_list() for f in fs})
+    assert "context_mismatch" in flags
+    titles = small.page.eval_on_selector_all("#view-sessions tbody .chip", "cs => cs.map(c => c.title)")
+    mismatch = [t for t in titles if t.startswith("context_mismatch: ")]
+    assert mismatch and "exact mode" in mismatch[0], titles[:3]
+    terms = small.page.eval_on_selector_all("#flag-legend dt", "ds => ds.map(d => d.textContent)")
+    helps = small.page.eval_on_selector_all("#flag-legend dd", "ds => ds.map(d => d.textContent)")
+    assert len(terms) == len(helps) >= len(flags) and all(len(h) > 20 for h in helps), list(zip(terms, helps))
+    assert small.errors == []
+
+
 def test_2_2_filters_change_what_is_shown(big):
     big.show("#sessions", "#view-sessions tr[data-session]")
     assert big.count() == "5,000 of 5,000 sessions" and len(big.listed()) == 50
