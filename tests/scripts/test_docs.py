@@ -2,7 +2,10 @@
 
 1.x  no reference to the internal design notes users do not have
 2.x  every relative link points at a file of the repository, and every #anchor at one of its headings
-3.x  the README's layout tree names every module; docs/options.md names every gateway option and polar-process flag
+3.x  docs/architecture.md's layout tree names every module (the README: one line per package); docs/options.md names
+     every gateway option and polar-process flag
+4.x  the README's first screen: what it is, Install with its extras, the two commands; every command it shows runs in a
+     checkout
 """
 
 from __future__ import annotations
@@ -88,13 +91,67 @@ def _modules() -> list[str]:
 
 
 def test_3_1_the_layout_tree_names_every_module():
-    text = _read(README)
+    """The file-by-file layout lives in docs/architecture.md; the README keeps one line per package."""
+    text = _read(os.path.join(ROOT, "docs", "architecture.md"))
     tree = text[text.index("## Layout"):]
     tree = tree[tree.index("```") + 3:]
     tree = tree[:tree.index("```")]
     listed = {line.split()[0] for line in tree.splitlines() if line.strip()}
     missing = [m for m in _modules() if m not in listed]
-    assert not missing, f"README.md's layout tree lacks (one line each): {missing}"
+    assert not missing, f"docs/architecture.md's layout tree lacks (one line each): {missing}"
+    readme = _read(README)
+    packages = readme[readme.index("## Packages"):]
+    packages = packages[packages.index("```") + 3:]
+    named = {line.split()[0] for line in packages[:packages.index("```")].splitlines() if line.strip()}
+    assert {f"{top}/" for top in ("records", "launch", "addon", "processor", "rollout", "trainer", "integrations",
+                                  "scripts")} <= named, named
+
+
+def _first_screen() -> str:
+    return "\n".join(_read(README).splitlines()[:40])
+
+
+def test_4_1_the_readmes_first_screen_says_what_it_is_how_to_install_and_the_two_commands():
+    """Issue 37: the first 40 lines hold the pitch, the picture, Install with the extras, and the two commands."""
+    screen = _first_screen()
+    assert screen.startswith("# Polar gateway\n\nMake any coding agent trainable")
+    assert "## Install" in screen and "agent CLI / SDK" in screen  # the picture
+    blocks = re.findall(r"```bash\n(.*?)```", screen, flags=re.S)
+    commands = [line.split("#")[0].split() for block in blocks for line in block.splitlines() if line.strip()]
+    assert commands[:2] == [["scripts/demo"], ["scripts/test"]], commands
+    import tomllib
+
+    project = tomllib.loads(_read(os.path.join(ROOT, "pyproject.toml")))["project"]
+    extras = set(project["optional-dependencies"])
+    named = set()
+    for words in commands:
+        if words[:2] == ["pip", "install"]:
+            m = re.fullmatch(r"'polar-gateway\[([a-z,]+)\]'", words[2])
+            assert m, words
+            named |= set(m.group(1).split(","))
+        else:
+            script = os.path.join(ROOT, words[0])
+            assert os.path.isfile(script) and os.access(script, os.X_OK), words
+    assert {"proxy", "agents", "train", "trl"} <= named <= extras, (named, extras)
+
+
+def test_4_2_the_commands_the_readme_shows_run_as_in_a_checkout():
+    """Every command line in the README's bash blocks names something a checkout has: a script, a .venv command
+    that is one of the package's console scripts, or an install line."""
+    import tomllib
+
+    scripts = set(tomllib.loads(_read(os.path.join(ROOT, "pyproject.toml")))["project"]["scripts"])
+    bad = []
+    for block in re.findall(r"```bash\n(.*?)```", _read(README), flags=re.S):
+        for line in block.splitlines():
+            word = (line.split("#")[0].split() or [""])[0]
+            if word.startswith((".venv/bin/", ".venv-train/bin/")):
+                name = word.rsplit("/", 1)[1]
+                if name not in scripts | {"python", "torchrun", "pip", "mitmdump"}:
+                    bad.append(line)
+            elif word.startswith("polar-"):
+                bad.append(line)  # bare: not on PATH in a checkout
+    assert bad == [], bad
 
 
 def test_3_2_options_doc_names_every_gateway_option_and_processor_flag():
