@@ -201,7 +201,8 @@ def parser() -> argparse.ArgumentParser:
                           "checkout's .cache/run)")
     p.add_argument("--confdir", metavar="DIR",
                    help="the CA directory of the proxy the runner starts (--upstream); a new CA is made there when "
-                        "it has none (default: $POLAR_CONFDIR, else the checkout's certs/)")
+                        "it has none (default: $POLAR_CONFDIR, else the checkout's certs/, else $XDG_DATA_HOME/polar or "
+                        "~/.local/share/polar)")
     p.add_argument("--npm-dir", metavar="DIR",
                    help="the agent CLIs' npm prefix, DIR/node_modules/.bin (default: $POLAR_NPM_DIR, else the "
                         "checkout's .cache/npm; then PATH)")
