@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar.rollout import images as imagelib
+from polar.rollout.dockerfile import rewrite_dockerfile
+from polar.rollout.image_refs import ImageError, ImageMap
 from polar.rollout.runtime import INSIDE
 
 DEFAULT_BUILD_TIMEOUT = 600.0
@@ -165,7 +167,7 @@ def images_cache() -> Path:
 @dataclass(frozen=True)
 class PhaseOptions:
     image: str | None  # --image
-    image_map: imagelib.ImageMap
+    image_map: ImageMap
     build_network: str  # --build-network
     sandbox: str
     builds_dir: Path  # RUN/builds
@@ -180,7 +182,7 @@ def prepare(tasks: list, opts: PhaseOptions, log=None) -> dict[str, TaskEnv]:
     for task in tasks:
         try:
             choice = imagelib.choose_environment(task.path, task.docker_image, opts.image)
-        except imagelib.ImageError as exc:
+        except ImageError as exc:
             out[task.id] = TaskEnv(task.id, "image", "?", error=f"task {task.id}: {exc}")
             log(out[task.id].error)
             continue
@@ -197,7 +199,7 @@ def prepare(tasks: list, opts: PhaseOptions, log=None) -> dict[str, TaskEnv]:
             if choice.kind == "build" and buildkit is None:
                 buildkit = docker.buildkit()
             env = _image_env(task, choice, opts, docker, bool(buildkit), log)
-        except (EnvironmentError_, imagelib.ImageError) as exc:
+        except (EnvironmentError_, ImageError) as exc:
             env = TaskEnv(task.id, "image", choice.source, notes=choice.notes, error=f"task {task.id}: {exc}")
             log(env.error)
         out[task.id] = env
@@ -247,7 +249,7 @@ def _build(task, choice, opts: PhaseOptions, docker: Docker, buildkit: bool, log
     except (OSError, UnicodeDecodeError) as exc:
         raise EnvironmentError_(f"{choice.source}: cannot be read ({getattr(exc, 'strerror', None) or exc}); make "
                                 f"it a readable UTF-8 file") from None
-    rewritten = imagelib.rewrite_dockerfile(text, opts.image_map, buildkit=buildkit)
+    rewritten = rewrite_dockerfile(text, opts.image_map, buildkit=buildkit)
     if rewritten.unresolved:
         base = rewritten.unresolved[0]
         raise EnvironmentError_(f"{choice.source} line {base.line}: the base image {base.text!r} cannot be resolved "

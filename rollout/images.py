@@ -6,8 +6,7 @@ context), a compose file with one service (built like a Dockerfile, or run as it
 ones with `polar-rollout --image-map REF=LOCAL` (repeatable, or `@FILE`).
 
 Rules. Each violation is an `ImageError` (a ValueError) whose text is one line naming the item (or line) and the fix.
-Rules 1–4 live with the code that implements them, and their public names are re-exported here (`from
-polar.rollout.images import X` works for each):
+Rules 1–4 live with the code that implements them (import them from there):
 1–2. image references and the image map: polar.rollout.image_refs (`ImageRef`, `ImageMap`, `parse_image_map`,
    `ImageError`).
 3. Dockerfile rewriting: polar.rollout.dockerfile (`rewrite_dockerfile`, `Rewritten`, `Substitution`, `Base`).
@@ -35,11 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polar.rollout.compose import BUILD_KEYS, ComposeService, compose_service  # noqa: F401
-from polar.rollout.dockerfile import (BUILDKIT_COPY_FLAGS, BUILDKIT_DIRECTIVES, DIRECTIVES, Base,  # noqa: F401
-                                      Rewritten, Substitution, rewrite_dockerfile)
-from polar.rollout.image_refs import (DEFAULT_REGISTRY, DIGEST, LEGACY_REGISTRY, NAME_MAX, REGISTRY,  # noqa: F401
-                                      REPOSITORY, TAG, ImageError, ImageMap, ImageRef, MapEntry, parse_image_map)
+from polar.rollout.compose import compose_service
+from polar.rollout.image_refs import ImageError, ImageRef
 
 # ---------------------------------------------------------------------------------------------------------------------
 # 5. the cache key

@@ -43,24 +43,17 @@ import sys
 from pathlib import Path
 
 from polar.launch import paths
-from polar.rollout import proxyctl, resume
-from polar.rollout.agentcmd import IN_AGENT_DIR, IN_LIB, IN_NPM, IN_TESTS, IN_VENV, IN_VERIFIER  # noqa: F401
+from polar.rollout import control, proxyctl, resume
 from polar.rollout.common import CANCEL, PREFLIGHT, VERSION, UsageError, lock_dir, now, read_json, write_json
-from polar.rollout.flowwatch import FlowCounter, flow_counter  # noqa: F401
-from polar.rollout.job import AgentSpec, SampleContext, SampleJob  # noqa: F401
-from polar.rollout.ledger import (REWARDED, RESULT_FIELDS, STATUSES, ResultRow, Results,  # noqa: F401
-                                  latest_by_sample, rewards_lines, write_rewards)
-from polar.rollout.options import IDENTITY, REUSED, Options, check_options  # noqa: F401
+from polar.rollout.job import AgentSpec, SampleContext, SampleJob
+from polar.rollout.ledger import Results, latest_by_sample, write_rewards
+from polar.rollout.options import REUSED, Options, check_options
 from polar.rollout.preflight import run_preflight
 from polar.rollout.processing import run_processor
-from polar.rollout.procs import close_dead_writers, is_alive, is_our_proxy  # noqa: F401
 from polar.rollout.progress import Progress
 from polar.rollout.proxyctl import Proxy
-from polar.rollout.sample import run_sample  # noqa: F401
 from polar.rollout.schedule import Plan, execute
 from polar.rollout.summary import RunShape, summarize
-from polar.rollout.treediff import tree_diff  # noqa: F401
-from polar.rollout.verify import read_reward  # noqa: F401
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -179,7 +172,7 @@ class Runner:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._claimed = not o.resume
         self._lock()
-        removed, killed = sb.sweep_stale_controls()
+        removed, killed = control.sweep_stale_controls()
         if removed:
             print(f"polar-rollout: removed {removed} sandbox control dir(s) of dead runs"
                   + (f", killed {killed} process(es) their agents left" if killed else ""), file=sys.stderr)
@@ -230,12 +223,12 @@ class Runner:
         """Each task's image, before the proxy opens (rollout/environments.py); run.json records them, and a resumed
         run whose images changed is refused."""
         from polar.rollout import environments as envlib
-        from polar.rollout import images as imagelib
+        from polar.rollout.image_refs import ImageError, parse_image_map
 
         o = self.opts
         try:
-            image_map = imagelib.parse_image_map(o.image_map)
-        except imagelib.ImageError as exc:
+            image_map = parse_image_map(o.image_map)
+        except ImageError as exc:
             raise UsageError(str(exc)) from None
         if not (o.image or any(t.image_task for t in self.tasks)):
             return

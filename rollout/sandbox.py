@@ -59,9 +59,8 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polar.rollout.cgroup import _Cgroup, limit_memory  # noqa: F401 (_Cgroup: the tests patch its create)
-from polar.rollout.control import (CONTROL, CONTROL_PREFIX, OWNER_FILE, SANDBOX_VAR,  # noqa: F401
-                                   ControlDir, sweep_stale_controls)
+from polar.rollout.cgroup import _Cgroup, limit_memory
+from polar.rollout.control import CONTROL, ControlDir
 
 KINDS = ("bwrap", "docker", "none")
 UID = GID = 1000

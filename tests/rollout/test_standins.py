@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from polar.rollout import standins
-from polar.rollout.images import ImageRef, parse_image_map
+from polar.rollout.image_refs import ImageRef, parse_image_map
 from polar.rollout.standins import STANDINS, StandinError
 from tests.support.need import IMAGES, need
 

@@ -113,9 +113,9 @@ def test_1_3_warm_agents_is_for_python_agents_in_bwrap_only(tmp_path, upstream, 
 def _slot_dirs_of(pid: int) -> list[Path]:
     out = []
     for base in sorted({control._control_base(), "/tmp"}):
-        for d in Path(base).glob(f"{sb.CONTROL_PREFIX}warm-*"):
+        for d in Path(base).glob(f"{control.CONTROL_PREFIX}warm-*"):
             try:
-                if json.loads((d / sb.OWNER_FILE).read_text())["pid"] == pid:
+                if json.loads((d / control.OWNER_FILE).read_text())["pid"] == pid:
                     out.append(d)
             except (OSError, ValueError, KeyError):
                 continue
@@ -146,7 +146,7 @@ def test_1_4_a_killed_runner_leaves_no_slot_running_and_the_sweep_removes_its_di
     while _leftovers_on_host():  # the slot's sandbox dies with the runner (bwrap --die-with-parent)
         assert time.monotonic() < deadline, _leftovers_on_host()
         time.sleep(0.1)
-    removed, _ = sb.sweep_stale_controls()
+    removed, _ = control.sweep_stale_controls()
     assert removed >= 1 and not dirs[0].exists()
 
 
