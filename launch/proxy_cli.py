@@ -27,7 +27,6 @@ import sys
 
 from polar.launch import paths
 from polar.launch import proxy as lib
-from polar.launch.proxy import env_lines, live_proxies, wait_ready  # noqa: F401 — this command's building blocks
 from polar.records import uuid7
 from polar.records.cliargs import OneLineParser
 
@@ -104,7 +103,7 @@ def start(args: argparse.Namespace, prog: str) -> int:
 
 
 def lines_for(args: argparse.Namespace, state, session: str, proxy: int = 0) -> list[str]:
-    return lib.base_url_env_lines(state, session, proxy) if args.base_url else env_lines(state, session, proxy)
+    return lib.base_url_env_lines(state, session, proxy) if args.base_url else lib.env_lines(state, session, proxy)
 
 
 def stop(args: argparse.Namespace) -> int:

@@ -20,10 +20,10 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture(scope="module")
 def proxy():
-    """The command behind scripts/proxy (polar-proxy): its parser and the functions it prints with."""
-    from polar.launch import proxy_cli
+    """The functions scripts/proxy (polar-proxy) prints with and waits on (polar.launch.proxy)."""
+    from polar.launch import proxy as launch_proxy
 
-    return proxy_cli
+    return launch_proxy
 
 
 def dead_pid() -> int:
@@ -127,7 +127,9 @@ def test_1_7_not_ready_at_the_deadline_or_exited_is_no_answer(proxy):
 
 
 def test_1_8_help_describes_every_option_and_its_default(proxy):
-    parser = proxy.build_parser()
+    from polar.launch import proxy_cli
+
+    parser = proxy_cli.build_parser()
     for action in parser._actions:
         if action.dest == "help":
             continue
