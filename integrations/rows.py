@@ -14,13 +14,13 @@ The latest attempt of a sample is the one with the highest `attempt` (the rollou
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from polar.records.results import read_latest
 from polar.trainer.loader import COUNTS, read_calls, row_arrays, trainable_mask
 
 MISMATCH = "context_mismatch"
@@ -55,18 +55,8 @@ class RunRows:
 
 
 def latest_results(run: Path) -> dict[tuple[str, int], dict]:
-    """results.jsonl's latest attempt per (task, k): the highest `attempt`."""
-    latest: dict[tuple[str, int], dict] = {}
-    path = run / "results.jsonl"
-    for line in path.read_text(encoding="utf-8").splitlines() if path.is_file() else ():
-        try:
-            doc = json.loads(line)
-        except ValueError:  # a torn last line (the ledger cuts it on its next append)
-            continue
-        key = (doc["task"], int(doc["k"]))
-        if key not in latest or int(doc.get("attempt") or 0) >= int(latest[key].get("attempt") or 0):
-            latest[key] = doc
-    return latest
+    """results.jsonl's latest attempt per (task, k): the highest `attempt` (polar.records.results, the one reader)."""
+    return read_latest(run / "results.jsonl")
 
 
 def _last_calls(out: Path) -> dict[str, str]:

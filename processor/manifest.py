@@ -35,6 +35,7 @@ import orjson
 import polars as pl
 
 from polar import records as rec
+from polar.records import out as out_tables
 from polar.processor import rewards as rw
 from polar.processor.engine import Engine, GroupProducts, Settings
 from polar.processor.load import Index, IndexEntry, InputError
@@ -320,8 +321,12 @@ class Carrier:
         keep = pl.col("session").is_in([s for s in want if s is not None])
         if None in want:
             keep = keep | pl.col("session").is_null()
-        self.seqs = self._split(pl.read_parquet(os.path.join(out, "sequences.parquet")).filter(keep))
-        self.calls = self._split(pl.read_parquet(os.path.join(out, "calls.parquet")).filter(keep))
+        try:
+            seqs, calls = out_tables.read(out_tables.SEQUENCES.path(out)), out_tables.read(out_tables.CALLS.path(out))
+        except out_tables.OutVersionError as exc:
+            raise OutputError(f"{exc}; or rerun with --overwrite") from None
+        self.seqs = self._split(seqs.filter(keep))
+        self.calls = self._split(calls.filter(keep))
 
     @staticmethod
     def _split(df: pl.DataFrame) -> dict:

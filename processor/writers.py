@@ -21,29 +21,11 @@ import polars as pl
 from polars.io.plugins import register_io_source
 
 from polar.processor.merge import TrainingSequence
+from polar.records import out as out_tables
 
-SEQUENCES_SCHEMA: dict[str, pl.DataType] = {
-    "sequence_id": pl.Utf8, "chain_id": pl.Utf8, "session": pl.Utf8, "group": pl.Utf8, "mode": pl.Utf8,
-    "input_ids": pl.List(pl.Int32), "loss_mask": pl.List(pl.UInt8), "logprobs": pl.List(pl.Float32),
-    "call_ids": pl.List(pl.Utf8), "n_calls": pl.Int32, "n_tokens": pl.Int32, "n_trainable": pl.Int32,
-    "prompt_len": pl.Int32, "flags": pl.List(pl.Utf8), "break_cause": pl.Utf8, "model": pl.Utf8,
-    "reward": pl.Float64, "advantage": pl.Float64,
-    # The trainer's view of the calls (docs/merge-rules.md#outputs): the distinct policy versions that sampled the
-    # sequence, in call order, and where each call's completion lies in input_ids ([start, end), end exclusive).
-    "weight_versions": pl.List(pl.Utf8),
-    "call_spans": pl.List(pl.Struct({"call_id": pl.Utf8, "start": pl.Int64, "end": pl.Int64})),
-}
-
-CALLS_SCHEMA: dict[str, pl.DataType] = {
-    "call_id": pl.Utf8, "session": pl.Utf8, "session_source": pl.Utf8, "conn_id": pl.Utf8, "protocol": pl.Utf8,
-    "host": pl.Utf8, "path": pl.Utf8, "model_requested": pl.Utf8, "model_served": pl.Utf8, "stream": pl.Boolean,
-    "t_start": pl.Float64, "t_first_byte": pl.Float64, "t_end": pl.Float64, "prompt_tokens": pl.Int32,
-    "completion_tokens": pl.Int32, "n_tool_calls": pl.Int32, "finish_reason": pl.Utf8, "stop_reason": pl.Utf8,
-    "error": pl.Utf8, "temperature": pl.Float64, "top_p": pl.Float64, "top_k": pl.Int32, "logprobs_mode": pl.Utf8,
-    "weight_version": pl.Utf8, "constrained": pl.Boolean, "replica": pl.Utf8, "template_hash": pl.Utf8,
-    "messages": pl.Utf8, "tools": pl.Utf8, "assistant": pl.Utf8, "sequence_id": pl.Utf8,
-    "chain_id": pl.Utf8, "source_file": pl.Utf8, "source_offset": pl.Int64,
-}
+# OUT's tables have one home, polar.records.out (their schemas, rules and version stamp); every file written here
+# carries the stamp.
+SEQUENCES_SCHEMA, CALLS_SCHEMA = out_tables.SEQUENCES.schema, out_tables.CALLS.schema
 
 _CHUNK_BYTES = 32 << 20  # hand a chunk to the sink when its buffered payload passes this
 
@@ -125,7 +107,7 @@ class StreamingParquet:
 
     def _sink(self, lf: pl.LazyFrame) -> None:
         try:
-            lf.sink_parquet(self.path, row_group_size=self.row_group_rows)
+            lf.sink_parquet(self.path, row_group_size=self.row_group_rows, metadata=out_tables.metadata())
         except BaseException as exc:  # reported by add()/finish() in the caller's thread
             self._error = exc
 
@@ -205,7 +187,7 @@ class BatchPacker:
         self._pending = [f for f in self._pending if not f.done() or f.result() is None]
         while len(self._pending) >= 4:
             self._pending.pop(0).result()
-        self._pending.append(self._pool.submit(frame.write_parquet, path))
+        self._pending.append(self._pool.submit(frame.write_parquet, path, metadata=out_tables.metadata()))
         self.files += 1
         self.current, self.tokens = [], 0
 

@@ -1,7 +1,7 @@
 """polar.records: the flow record contract and the flow directory — the floor every other part of the house stands on.
 
-This package imports only the standard library and msgpack (never another polar package): the gateway writes records
-through it, and the processor, the rollout runner and the trainer read them through it.
+This package imports only the standard library and msgpack (never another polar package; Polars only in `out`): the
+gateway writes records through it, and the processor, the rollout runner and the trainer read them through it.
 
 - `schema`: the record itself — its fields and version (FIELDS, VERSION, `new_record`, `validate`, `normalize`), the
   token-array encodings (`pack_ids`, `pack_floats`, `ascii_ids`; read back by `ids_blob`, `unpack_ids`, `id_count`),
@@ -10,6 +10,10 @@ through it, and the processor, the rollout runner and the trainer read them thro
   (`iter_file`, `iter_files`, `PromptResolver`), the skim of a record's small fields (`skim`, `skim_file`),
   positioned reads (`read_at`, `record_at`, `RecordFiles`) and dead-writer recovery (`close_dead_writers`).
 - `inspect`: `python -m polar.records FILE...` prints flow files.
+- `out`: OUT's tables, the processor's contract with every trainer-side reader — typed, versioned Polars schemas with
+  their rules (`SEQUENCES`, `CALLS`, `BATCHES`, `read`, `VERSION`). The one module that imports Polars: this package
+  does not import it, so `import polar.records` (the gateway's, the rollout's) never loads Polars.
+- `results`: a rollout RUN's results.jsonl and its one rule, a sample's highest attempt (`read_latest`).
 """
 
 from .flowdir import (  # noqa: F401

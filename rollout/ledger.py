@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from polar.records.results import latest_by_sample
 from polar.rollout.common import UsageError
 
 STATUSES = ("completed", "agent_error", "agent_timeout", "verifier_timeout", "verifier_error", "infra_error",
@@ -135,17 +136,6 @@ class Results:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-
-
-def latest_by_sample(lines: Iterable[dict]) -> dict[tuple[str, int], dict]:
-    """Each sample's latest line (the highest attempt; the later line for the same attempt)."""
-    out: dict[tuple[str, int], dict] = {}
-    for line in lines:
-        key = (line.get("task"), line.get("k"))
-        old = out.get(key)
-        if old is None or (line.get("attempt") or 0) >= (old.get("attempt") or 0):
-            out[key] = line
-    return out
 
 
 def rewards_lines(lines: Iterable[dict]) -> list[dict]:

@@ -10,10 +10,11 @@ import sys
 from pathlib import Path
 
 from polar.launch import paths, runfiles
+from polar.records.results import latest_by_sample
 from polar.rollout.common import UsageError, group_of, session_of
 from polar.rollout.flowwatch import flow_counter
 from polar.rollout.job import SampleJob
-from polar.rollout.ledger import ResultRow, Results, latest_by_sample
+from polar.rollout.ledger import ResultRow, Results
 from polar.rollout.options import REUSED, Options
 from polar.rollout.procs import close_dead_writers, is_our_proxy, remove_containers, stop_process_group
 

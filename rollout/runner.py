@@ -43,10 +43,11 @@ import sys
 from pathlib import Path
 
 from polar.launch import paths
+from polar.records.results import latest_by_sample
 from polar.rollout import control, proxyctl, resume
 from polar.rollout.common import CANCEL, PREFLIGHT, VERSION, UsageError, lock_dir, now, read_json, write_json
 from polar.rollout.job import AgentSpec, SampleContext, SampleJob
-from polar.rollout.ledger import Results, latest_by_sample, write_rewards
+from polar.rollout.ledger import Results, write_rewards
 from polar.rollout.options import REUSED, Options, check_options
 from polar.rollout.preflight import run_preflight
 from polar.rollout.processing import run_processor

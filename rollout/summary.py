@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar.records.results import latest_by_sample
 from polar.rollout.common import write_json
-from polar.rollout.ledger import REWARDED, STATUSES, latest_by_sample
+from polar.rollout.ledger import REWARDED, STATUSES
 
 NONE_WARNING = ("--sandbox none: the rewards are not isolation-safe (the agent ran on the host: it could read the "
                 "tests and the solution and write anywhere)")

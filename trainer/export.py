@@ -77,6 +77,7 @@ import numpy as np
 import orjson
 import polars as pl
 
+from polar.records import out as out_tables
 from polar.trainer.args import OneLineParser
 
 FORMATS = ("verl", "slime", "prime-rl")
@@ -256,18 +257,20 @@ def build(fmt: str, seqs: pl.DataFrame, ids: DenseIds, temperatures: dict[str, f
 
 def batch_files(out: str) -> list[str]:
     """OUT's batches, in file-name order (the processor's packing order)."""
-    batches = os.path.join(out, "batches")
-    if not os.path.isdir(batches):
+    if not os.path.isdir(out_tables.BATCHES.path(out)):
         raise ExportError(f"{out}: no batches/ directory; pass the -o directory of a polar-process run")
-    return [os.path.join(batches, f) for f in sorted(os.listdir(batches)) if f.endswith(".parquet")]
+    return out_tables.batch_files(out)
 
 
 def read_temperatures(out: str) -> dict[str, float | None]:
     """call_id → temperature from OUT/calls.parquet (prime-rl's per-token temperatures)."""
-    path = os.path.join(out, "calls.parquet")
+    path = out_tables.CALLS.path(out)
     if not os.path.isfile(path):
         raise ExportError(f"{path}: not found; prime-rl's temperatures come from it: pass the whole polar-process OUT")
-    calls = pl.read_parquet(path)
+    try:
+        calls = out_tables.read(path)
+    except out_tables.OutVersionError as exc:
+        raise ExportError(str(exc)) from None
     if "temperature" not in calls.columns:
         raise ExportError(f"{path}: no temperature column; rerun polar-process (this version writes it)")
     return dict(zip(calls["call_id"].to_list(), calls["temperature"].to_list()))
@@ -275,14 +278,16 @@ def read_temperatures(out: str) -> dict[str, float | None]:
 
 def read_batch(path: str, fmt: str) -> pl.DataFrame:
     """One batch file's columns that `fmt` reads."""
-    return pl.read_parquet(path, columns=list(NEEDS[fmt]))
+    return out_tables.read(path, columns=list(NEEDS[fmt]))
 
 
 def check_batches(files: list[str], fmt: str) -> None:
     """Every batch file is readable and holds the columns `fmt` needs, before anything is written."""
     for path in files:
         try:
-            schema = pl.read_parquet_schema(path)
+            schema = out_tables.read_schema(path)
+        except out_tables.OutVersionError as exc:
+            raise ExportError(str(exc)) from None
         except (OSError, pl.exceptions.PolarsError) as exc:
             raise ExportError(f"{path}: unreadable ({str(exc).splitlines()[0]}); rerun polar-process") from exc
         lacking = [c for c in NEEDS[fmt] if c not in schema]

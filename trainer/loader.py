@@ -38,6 +38,8 @@ import orjson
 import polars as pl
 import torch
 
+from polar.records import out as out_tables
+
 LAYOUTS = ("per_sequence", "packed")
 PINNED_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1}
 RAW_LOGPROBS = "raw_logprobs"
@@ -118,7 +120,7 @@ def read_calls(out_dir: str) -> dict[str, CallInfo]:
     path = os.path.join(out_dir, "calls.parquet")
     if not os.path.isfile(path):
         return {}
-    have = pl.read_parquet_schema(path)
+    have = out_tables.read_schema(path)
     cols = ["call_id"] + [c for c in ("completion_tokens", "source_file", "source_offset", *_CALL_COLUMNS) if c in have]
     missing = [c for c in _CALL_COLUMNS if c not in have]
     out, records = {}, _Records()
@@ -173,8 +175,8 @@ class SequenceTokens:
 
 
 def read_rows(paths: list[str]) -> pl.DataFrame:
-    """The rows of these sequences/batches parquet files, in file order."""
-    frames = [pl.read_parquet(p) for p in paths]
+    """The rows of these sequences/batches parquet files, in file order (polar.records.out: their version checked)."""
+    frames = [out_tables.read(p) for p in paths]
     return pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()
 
 

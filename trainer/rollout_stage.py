@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar.records.results import read_latest
 from polar.rollout import serve_protocol as protocol
 from polar.trainer.plan import Plan, StageFailed, task_dirs, tasks_of_step
 
@@ -264,11 +265,7 @@ def rewards_of(out: Path) -> dict:
     """The step's results.jsonl (latest attempts): samples, statuses, reward_mean, reward_std (over every rewarded
     sample), reward_mean_per_group, groups, groups_without_spread (fewer than 2 rewards, or all equal: every
     advantage of the group is 0)."""
-    latest: dict = {}
-    for line in (out / "results.jsonl").read_text().splitlines():
-        if line.strip():
-            doc = json.loads(line)
-            latest[(doc["task"], doc["k"])] = doc
+    latest = read_latest(out / "results.jsonl")  # the ledger's rule: a sample's highest attempt
     statuses: dict[str, int] = {}
     groups: dict[str, list[float]] = {}
     for doc in latest.values():

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from polar.records import out as out_tables
 from polar.trainer import has_trainer_env, needs_trainer_env
 from polar.trainer.args import OneLineParser
 
@@ -96,7 +97,10 @@ def check_args(args) -> None:
     path = os.path.join(args.out, "sequences.parquet")
     if not os.path.isfile(path):
         raise BadInput(f"{args.out}: no sequences.parquet (pass a polar-process output directory)")
-    have = pl.read_parquet_schema(path)
+    try:
+        have = out_tables.read_schema(path)
+    except out_tables.OutVersionError as exc:
+        raise BadInput(str(exc)) from None
     lacking = [c for c in ("sequence_id", "input_ids", "loss_mask", "logprobs", "call_ids", "flags") if c not in have]
     if lacking:
         raise BadInput(f"{path}: lacks column(s) {', '.join(lacking)} (re-run polar-process)")
@@ -345,7 +349,7 @@ def run(args, loaded: dict | None = None, say=print, nothing_ok: bool = False) -
     models = parse_models(args.model)
     path = os.path.join(args.out, "sequences.parquet")
     digest = file_sha256(path)
-    df = pl.read_parquet(path)
+    df = out_tables.read(path)
     total = len(df)
     if args.sample is not None and args.sample < total:
         df = df.select(pl.all().gather(sorted(random.Random(0).sample(range(total), args.sample))))
