@@ -31,7 +31,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Union
+from typing import Callable, Iterable, Union
 
 from polar.launch import paths
 from polar.launch.process import PROXY_MARKER, is_ours, port_in_use
@@ -453,10 +453,12 @@ def _failure(targets: list[Backend], exc: Fail, failed: Backend | None = None) -
 
 def publish(backends: Iterable[BackendLike], weights: str | os.PathLike, version: str,
             proxies: Iterable[ProxyLike] | None = None, drain_timeout: float = 60.0, *,
-            vllm_venv: str | None = None, log: Log = say) -> Published:
+            vllm_venv: str | None = None, log: Log = say,
+            after_each: Callable[[Backend], None] | None = None) -> Published:
     """Hold every proxy once, serve `weights` as `version` on every backend (every replica of a pool run file),
     release the proxies with `version` once all serve it. `proxies`: control endpoints or proxy run files (None: the
-    run directory's proxy.json, if any)."""
+    run directory's proxy.json, if any). `after_each(backend)` runs once each backend serves the new version, the
+    proxies still held (polar-train's crash point between two replicas)."""
     weights = check_weights(weights)
     check_version(version)
     if not drain_timeout > 0:
@@ -484,6 +486,8 @@ def publish(backends: Iterable[BackendLike], weights: str | os.PathLike, version
         for b in targets:
             current = b
             publish_one(b, weights, version, b.tied, t0 + drain_timeout, log)
+            if after_each is not None:
+                after_each(b)
     except Fail as exc:
         why = _failure(targets, exc, current)
         for problem in release_all(held, None):

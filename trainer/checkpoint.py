@@ -15,6 +15,7 @@ its own: after the first step it is not the model that training the tied one wou
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
 
@@ -33,7 +34,8 @@ def save_checkpoint(model, out_dir: str, source_dir: str, extra=None, state_dict
     parent = os.path.dirname(out_dir)
     os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(out_dir)}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in glob.glob(os.path.join(parent, f".{glob.escape(os.path.basename(out_dir))}.tmp-*")):
+        shutil.rmtree(stale, ignore_errors=True)  # ours, or a writer's killed mid-write (it never appeared)
     from transformers.utils import logging
 
     logging.disable_progress_bar()

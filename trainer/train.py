@@ -87,7 +87,10 @@ def _say(msg: str) -> None:
 
 def crash_point(name: str, step: int) -> None:
     """The seam of the resume tests: `POLAR_TRAIN_KILL_AT=NAME:STEP` SIGKILLs this process here, as a power cut
-    would (no handler runs). NAME: `checkpoint` (saved, not published), `publication` (published, no line yet)."""
+    would (no handler runs). NAME: `checkpoint-write` (inside the checkpoint's write: its temporary directory whole,
+    not renamed), `checkpoint` (saved, not published), `pool-reload` (during publication, once the first backend —
+    the first replica of a pool — serves the new version, the proxies held), `publication` (published, no line
+    yet)."""
     if os.environ.get("POLAR_TRAIN_KILL_AT") == f"{name}:{step}":
         os.kill(os.getpid(), 9)
 
@@ -141,7 +144,8 @@ def reload(step: int, run_file: str, weights: Path, version: str, proxies: list[
     """Publish `weights` as `version`, holding `proxies` (the rollout stage's) meanwhile; the seconds it took."""
     t0 = time.monotonic()
     try:
-        done = publishing.publish([run_file], weights, version, proxies=proxies or [], log=_say)
+        done = publishing.publish([run_file], weights, version, proxies=proxies or [], log=_say,
+                                  after_each=lambda backend: crash_point("pool-reload", step))
     except launch_vllm.Fail as exc:
         raise StageFailed(step, "reload", _first_line(exc)) from None
     if done.problems:
@@ -323,9 +327,11 @@ def save(trainer: Trainer, line: dict) -> None:
     from polar.trainer.state import write_state
 
     step = line["step"]
-    save_checkpoint(trainer.model, line["checkpoint"], trainer.plan.model,
-                    extra=lambda tmp: write_state(tmp, optimizer=trainer.optimizer, step=step, cursor=step + 1,
-                                                  line=line))
+    def extra(tmp: str) -> None:
+        write_state(tmp, optimizer=trainer.optimizer, step=step, cursor=step + 1, line=line)
+        crash_point("checkpoint-write", step)  # the directory whole under its temporary name, not renamed yet
+
+    save_checkpoint(trainer.model, line["checkpoint"], trainer.plan.model, extra=extra)
 
 
 def finish(line: dict, plan: Plan, run: Path, run_file: str, proxies: list[str]) -> dict:
