@@ -32,10 +32,11 @@ from collections.abc import AsyncIterator
 import h11
 import orjson
 
+from polar.records.schema import MAX_VERSION_CHARS
+
 log = logging.getLogger("polar.control")
 
 TOKEN_HEADER = b"x-polar-control-token"
-MAX_VERSION_CHARS = 256
 MAX_BODY_BYTES = 64 * 1024
 
 

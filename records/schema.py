@@ -28,6 +28,8 @@ from collections.abc import Iterable
 import msgpack
 
 VERSION = 4
+# A weight_version's most characters: the gateway's control endpoint and polar-vllm reload refuse longer ones.
+MAX_VERSION_CHARS = 256
 
 # the fields that may hold ASCII ids (the prompt: the one array the gateway only stores)
 ASCII_ID_FIELDS = ("prompt_token_ids", "prompt_tail_ids")
