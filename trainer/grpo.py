@@ -4,7 +4,7 @@ rollout batch.
 loss = −Σ_t m_t · w_t · min(r_t·A_t, clip(r_t, 1−ε, 1+ε)·A_t) / Σ_t m_t
 - the sums run over every trainable token of the whole step (token-sum normalisation, DAPO-style): each token
   weighs the same wherever it sits, so per_request and prefix_merging batches of the same rollouts give the same
-  loss and gradient when the merge is exact (reference/trainer-integration.md §4.2);
+  loss and gradient when the merge is exact;
 - r_t = exp(log πθ(t) − log π_old(t)), π_old = the recorded (sampler's) logprobs (bypass: no old-policy forward);
 - w_t = 1, or with truncated importance sampling (cap C) w_t = min(r_t, C) / r_t, detached: the token's importance
   weight is truncated at C (the gradient of r·A is r·∇log π·A; the weight makes it min(r, C)·∇log π·A);

@@ -1,5 +1,4 @@
-"""Micro-batches for a trainer from the processor's `batches/` (docs/architecture.md#the-trainer-side,
-reference/trainer-integration.md §1.0).
+"""Micro-batches for a trainer from the processor's `batches/` (docs/architecture.md#the-trainer-side).
 
 `micro_batches(batches_dir, max_tokens, layout)` reads every `batches/*.parquet` row and yields torch tensors:
 - `per_sequence` (the CPU default): rows sorted by length (longest first) and right-padded to the longest row of

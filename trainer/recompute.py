@@ -1,6 +1,6 @@
-"""The trainer's logprob of every token, computed the way the sampler recorded it (reference/trainer-integration.md
-§3.4): the stored ids with no tokenizer call, logits at t−1 for token t, a log-softmax over the raw logits (vLLM's
-`raw_logprobs`, so only calls sampled at T=1/top_p=1/top_k=-1 compare), positions 0..L−1 per sequence.
+"""The trainer's logprob of every token, computed the way the sampler recorded it: the stored ids with no tokenizer
+call, logits at t−1 for token t, a log-softmax over the raw logits (vLLM's `raw_logprobs`, so only calls sampled at
+T=1/top_p=1/top_k=-1 compare), positions 0..L−1 per sequence.
 
 Position t of the result holds the logprob of token t, like the `logprobs` column; position 0 of every sequence
 (and of every packed segment) has no context and holds 0. Shared by the loader's users: polar-verify (under

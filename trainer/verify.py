@@ -1,8 +1,8 @@
 """polar-verify OUT --model [VERSION=]DIR... (docs/architecture.md#the-trainer-side): do the recorded logprobs match the
 policy's?
 
-Every trainable token of OUT/sequences.parquet is recomputed with transformers (reference/trainer-integration.md
-§3.4: the stored ids, logits at t−1 for token t, raw log-softmax) under the checkpoint of the weight version that
+Every trainable token of OUT/sequences.parquet is recomputed with transformers (polar.trainer.recompute: the stored
+ids, logits at t−1 for token t, raw log-softmax) under the checkpoint of the weight version that
 sampled its call, and compared with the recorded logprob.
 - `--model VERSION=DIR` is the checkpoint of one weight version; a DIR without `VERSION=` serves every version that
   has none of its own (and calls whose version is unknown). A token whose version has no DIR is skipped and counted.
