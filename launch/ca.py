@@ -14,6 +14,8 @@ import os
 import ssl
 import subprocess
 
+from polar.records.files import write_atomic
+
 SYSTEM_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt", "/etc/ssl/cert.pem")
 CA_CERT = "mitmproxy-ca-cert.pem"  # public: what agents trust
 KEY_FILES = ("mitmproxy-ca.pem", "mitmproxy-ca.p12")  # the CA's private key
@@ -53,10 +55,7 @@ def bundle(ca_pem: str, out_dir: str) -> str:
     out = os.path.join(out_dir, f"{BUNDLE_PREFIX}{hashlib.sha256(data).hexdigest()[:16]}.pem")
     if not os.path.isfile(out):
         os.makedirs(out_dir, exist_ok=True)
-        tmp = f"{out}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, out)
+        write_atomic(out, data)
     return out
 
 

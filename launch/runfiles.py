@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from polar.records.files import write_json_atomic
+
 
 class RunFileError(ValueError):
     """A run file that exists but cannot be read as one (not JSON, not an object, a field of the wrong type)."""
@@ -42,9 +44,7 @@ def _load(path: str | os.PathLike) -> Any:
 def _dump(path: str | os.PathLike, doc: dict, indent: int) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # per writer: two writers never share a temporary
-    tmp.write_text(json.dumps(doc, indent=indent) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json_atomic(path, doc, indent=indent)
 
 
 def _int(doc: dict, key: str, where: str) -> int | None:

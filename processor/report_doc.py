@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 import orjson
 
+from polar.records.files import write_atomic
+
 __all__ = ["REPORT_VERSION", "Counts", "Event", "Inputs", "Report", "ReportError", "RewardsJoin", "SessionRatio",
            "Tokens", "TornTail", "add_verify", "read_report", "write_report_json"]
 
@@ -202,10 +204,7 @@ def read_report(path: str | os.PathLike) -> Report:
 
 
 def _atomic_write(path: str | os.PathLike, doc: dict) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))
-    os.replace(tmp, path)
+    write_atomic(path, orjson.dumps(doc, option=orjson.OPT_INDENT_2))
 
 
 def write_report_json(path: str | os.PathLike, report: Report) -> None:

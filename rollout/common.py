@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from polar.records.files import write_json_atomic
+
 VERSION = 1
 PREFLIGHT = "preflight"  # sessions <run-id>/preflight/0 (canary call) and /1 (canary sample); a reserved task id
 
@@ -31,9 +33,7 @@ def now() -> float:
 
 
 def write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_name(path.name + f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(doc, indent=1, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
+    write_json_atomic(path, doc, default=str)
 
 
 def read_json(path: Path) -> Any:

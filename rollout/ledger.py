@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from polar.records.files import write_atomic
 from polar.records.results import latest_by_sample
 from polar.rollout.common import UsageError
 
@@ -149,8 +150,4 @@ def rewards_lines(lines: Iterable[dict]) -> list[dict]:
 
 def write_rewards(path: Path, lines: list[dict]) -> None:
     """RUN/rewards.jsonl from results.jsonl's lines, replaced whole."""
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for item in rewards_lines(lines):
-            fh.write(json.dumps(item, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, "".join(json.dumps(item, allow_nan=False) + "\n" for item in rewards_lines(lines)))

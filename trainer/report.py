@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import html
 import json
-import os
 from pathlib import Path
 
 from polar.processor.figures import line_chart
+from polar.records.files import write_atomic
 
 # (title, [(train.jsonl field, legend)]) — one chart each
 CHARTS = (
@@ -105,7 +105,5 @@ def render(run: Path, lines: list[dict]) -> str:
 
 def write_report(run: Path, lines: list[dict]) -> Path:
     path = run / "report.html"
-    tmp = path.with_name(f"report.html.tmp-{os.getpid()}")
-    tmp.write_text(render(run, lines), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(path, render(run, lines))
     return path

@@ -22,6 +22,7 @@ which one to use instead of a traceback.
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import random
 import sys
@@ -32,6 +33,7 @@ import numpy as np
 import polars as pl
 
 from polar.records import out as out_tables
+from polar.records.files import write_atomic
 from polar.trainer import has_trainer_env, needs_trainer_env
 from polar.trainer.args import OneLineParser
 
@@ -285,13 +287,6 @@ def summarize(parts: list[Part], args, models: dict, digest: str, total_rows: in
 
 # ---------------------------------------------------------------------------------------------------- outputs
 
-def _atomic_write(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-    os.replace(tmp, path)
-
-
 def write_outputs(out: str, frame: pl.DataFrame, summary: dict) -> list[str]:
     """verify.parquet, then report.json's `verify` and report.html's section (each replaced atomically); returns
     notes for whatever could not be updated."""
@@ -301,9 +296,9 @@ def write_outputs(out: str, frame: pl.DataFrame, summary: dict) -> list[str]:
 
     notes = []
     path = os.path.join(out, "verify.parquet")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    frame.write_parquet(tmp)
-    os.replace(tmp, path)
+    buf = io.BytesIO()
+    frame.write_parquet(buf)
+    write_atomic(path, buf.getvalue())
     report_json = os.path.join(out, "report.json")
     if os.path.isfile(report_json):
         try:
@@ -317,7 +312,7 @@ def write_outputs(out: str, frame: pl.DataFrame, summary: dict) -> list[str]:
         with open(report_html, encoding="utf-8") as fh:
             page = fh.read()
         try:
-            _atomic_write(report_html, replace_section(page, verify_section(frame.to_dicts())).encode())
+            write_atomic(report_html, replace_section(page, verify_section(frame.to_dicts())).encode())
         except ValueError as exc:
             notes.append(f"{report_html}: {exc}")
     return notes
