@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar.launch import paths
+from polar.records.cliargs import OneLineParser
 
 VENV_ENV, MODELS_ENV, TIMEOUT_ENV = "POLAR_VLLM_VENV", "POLAR_MODELS_DIR", "POLAR_VLLM_START_TIMEOUT"
 
@@ -74,7 +75,7 @@ class StartSpec:
         if "--" in argv:
             i = argv.index("--")
             argv, extra = argv[:i], argv[i + 1:]
-        parser = Strict(prog="start", add_help=False)
+        parser = OneLineParser(prog="start", add_help=False, raises=BadInput)
         add_start_arguments(parser)
         args = parser.parse_args(argv)
         if run_file is not None:
@@ -91,11 +92,6 @@ class StartSpec:
 
 
 
-
-
-class Strict(argparse.ArgumentParser):
-    def error(self, message: str):
-        raise BadInput(f"start arguments: {message}")
 
 
 def add_start_arguments(p: argparse.ArgumentParser) -> None:

@@ -15,14 +15,7 @@ from polar.processor.report import summary
 from polar.processor.rewards import RewardsError
 from polar.processor.writers import OutputError
 from polar.records import FILE_SUFFIX, OPEN_SUFFIX
-from polar.records.cliargs import OneLineParser
-
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
+from polar.records.cliargs import OneLineParser, positive_int
 
 
 def _positive_float(text: str) -> float:
@@ -58,7 +51,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--allow-unjoined", action="store_true",
                    help="accept a --rewards file none of whose lines joins a session of the dump (default: off: "
                         "exit 2 naming one of its sessions)")
-    p.add_argument("--max-batch-tokens", type=_positive_int, default=65536, metavar="N",
+    p.add_argument("--max-batch-tokens", type=positive_int, default=65536, metavar="N",
                    help="Σ n_tokens per batches/ file; a longer sequence is written alone, flagged oversize "
                         "(default: 65536)")
     p.add_argument("--sft-min-reward", type=float, metavar="X",
@@ -85,7 +78,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", metavar="ADDR",
                    help="Ray cluster to join; the flow files must be readable at the same paths on every node "
                         "(default: $RAY_ADDRESS, else a local Ray on this machine)")
-    p.add_argument("--ray-partitions", type=_positive_int, metavar="N",
+    p.add_argument("--ray-partitions", type=positive_int, metavar="N",
                    help="session partitions (stable hash), one Ray task each (default: 4 × the cluster's CPUs)")
     p.add_argument("--session-prefix", action="append", default=[], metavar="P",
                    help="keep only sessions whose id starts with P (repeatable: any of them); the others, and calls "

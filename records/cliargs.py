@@ -79,3 +79,11 @@ class OneLineParser(argparse.ArgumentParser):
             raise self.raises(line)
         print(f"{self.prog}: error: {line}", file=sys.stderr)
         sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer above 0 (the error names what was given)."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value

@@ -9,7 +9,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from polar.records.cliargs import OneLineParser
+from polar.records.cliargs import OneLineParser, positive_int
 from polar.rollout import agents as agentlib
 from polar.rollout.common import UsageError
 from polar.rollout.job import AgentSpec
@@ -132,13 +132,6 @@ def check_proxy_sets(sets: list[str], sandbox: str) -> None:
 
 # -- the command line ------------------------------------------------------------------------------------------------
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def _seconds(text: str) -> float:
     value = float(text)
     if not value > 0 or value == float("inf"):
@@ -176,8 +169,8 @@ def parser() -> argparse.ArgumentParser:
                         "python:MODULE:FUNC (required, except with --resume)")
     p.add_argument("--out", "-o", required=True, metavar="RUN",
                    help="the run directory; absent or empty unless --resume (required)")
-    p.add_argument("--samples", "-k", type=_positive_int, metavar="K", help="samples per task (default: 4)")
-    p.add_argument("--parallel", type=_positive_int, metavar="N",
+    p.add_argument("--samples", "-k", type=positive_int, metavar="K", help="samples per task (default: 4)")
+    p.add_argument("--parallel", type=positive_int, metavar="N",
                    help=f"samples at once (default: the machine's cores, {os.cpu_count()})")
     p.add_argument("--sandbox", choices=("bwrap", "docker", "none"),
                    help="bwrap | docker | none (none: on the host, rewards not isolation-safe) (default: bwrap)")

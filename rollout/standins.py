@@ -42,7 +42,6 @@ Rules. Each violation is a `StandinError` whose text is one line naming the fix.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import datetime
 import fcntl
@@ -61,6 +60,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from polar.records.cliargs import OneLineParser
 from polar.rollout.standin_roots import (CA_BUNDLE, PY, PY_MINOR, SUITE, Sources, StandinError, build_debian_root,
                                          build_python_root, installed_packages, read_text, remove_tree,
                                          tar_root)
@@ -456,13 +456,8 @@ def image_map_lines(standins: Iterable[StandinSpec | Standin]) -> list[str]:
 # the command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # one line, exit 2, like a StandinError
-        self.exit(2, f"{self.prog}: {message}; see --help\n")
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _Parser(prog="python -m polar.rollout.standins", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m polar.rollout.standins", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the stand-in tarballs (a no-op when current)")
     b.add_argument("--cache", type=Path, default=None, help=f"cache directory (default {default_cache()})")
