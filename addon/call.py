@@ -26,7 +26,7 @@ import contextlib
 import functools
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
@@ -79,7 +79,6 @@ class PendingCall:
     conn_user: str | None
     t_start: float
     decode_error: str | None = None
-    extra: dict = field(default_factory=dict)
     connect: str = "proxy"  # how the agent reached us: proxy | base_url (the record's `connect`)
     path_session: str | None = None  # base-URL mode: the session the path prefix names (/s/<session>/)
 
