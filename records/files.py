@@ -31,6 +31,7 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, *, mode: int | None
         raise
 
 
-def write_json_atomic(path: str | os.PathLike, doc: Any, *, indent: int | None = 1, **dumps: Any) -> None:
+def write_json_atomic(path: str | os.PathLike, doc: Any, *, indent: int | None = 1, mode: int | None = None,
+                      **dumps: Any) -> None:
     """`doc` as JSON (one trailing newline) at `path`, whole or not at all."""
-    write_atomic(path, json.dumps(doc, indent=indent, **dumps) + "\n")
+    write_atomic(path, json.dumps(doc, indent=indent, **dumps) + "\n", mode=mode)

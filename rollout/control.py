@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from polar.records.files import write_json_atomic
 from polar.rollout.relay import HostRelay, proxy_user
 
 CONTROL = "/run/polar"
@@ -48,10 +49,9 @@ class ControlDir:
         self.ready_fd: int | None = None
         try:
             # first, written whole (rename): a directory without it is never swept (it may be a live one's, just made)
-            tmp = self.dir / f".{OWNER_FILE}.tmp"
-            tmp.write_text(json.dumps({"pid": os.getpid(), "start": _start_ticks(os.getpid()), "kind": spec.kind,
-                                       "session": spec.session, "created": time.time()}))
-            os.replace(tmp, self.dir / OWNER_FILE)
+            write_json_atomic(self.dir / OWNER_FILE, {"pid": os.getpid(), "start": _start_ticks(os.getpid()),
+                                                      "kind": spec.kind, "session": spec.session,
+                                                      "created": time.time()}, indent=None)
             # mkdtemp made it 0700: it opens (0755) only once every file in it has its owner and mode
             shutil.copyfile(_RELAY_SOURCE, self.dir / "relay.py")
             os.chmod(self.dir / "relay.py", 0o644)

@@ -44,6 +44,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar.records.files import write_json_atomic
+
 INSIDE = "/run/polar/rt"
 # part of every key: bump it when the layout or the patching changes, so that no old prefix is reused
 FORMAT = "polar-runtime/1"
@@ -193,11 +195,7 @@ def _read_stamp(stamp_file: Path, cache: Path) -> dict | None:
 
 def _write_stamp(stamp_file: Path, record: dict) -> None:
     stamp_file.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=stamp_file.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(record, f)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, stamp_file)  # atomic: a concurrent reader sees the old stamp or the new one
+    write_json_atomic(stamp_file, record, indent=None, mode=0o644)  # a concurrent reader sees the old or the new
 
 
 # ---------------------------------------------------------------------------------------------- the plan

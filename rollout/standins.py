@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar.records.cliargs import OneLineParser
+from polar.records.files import write_json_atomic
 from polar.rollout.standin_roots import (CA_BUNDLE, PY, PY_MINOR, SUITE, Sources, StandinError, build_debian_root,
                                          build_python_root, installed_packages, read_text, remove_tree,
                                          tar_root)
@@ -389,9 +390,7 @@ def _build_one(cache: Path, plan: _Plan, sources: Sources, bundle: bytes, prefix
         meta["is"] = _is_line(spec, meta)
         stamp.unlink(missing_ok=True)  # the stamp goes last: a crash in between leaves no stamp
         os.replace(out, tar)
-        tmp = meta_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(meta, indent=2, sort_keys=False) + "\n")
-        os.replace(tmp, meta_path)
+        write_json_atomic(meta_path, meta, indent=2)
         stamp.write_text(plan.key + "\n")
     finally:
         remove_tree(work)

@@ -39,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from polar.records.files import write_json_atomic
 from polar.rollout import control
 from polar.rollout import sandbox as sb
 from polar.rollout.cgroup import limit_memory
@@ -72,10 +73,8 @@ class Slot:
         self.key = key
         # named and owned like a control directory, so a dead runner's slot is swept like its sandboxes' are
         self.root = Path(tempfile.mkdtemp(prefix=f"{control.CONTROL_PREFIX}warm-", dir=control._control_base()))
-        tmp = self.root / f".{control.OWNER_FILE}.tmp"
-        tmp.write_text(json.dumps({"pid": os.getpid(), "start": control._start_ticks(os.getpid()), "kind": "warm",
-                                   "created": time.time()}))
-        os.replace(tmp, self.root / control.OWNER_FILE)
+        write_json_atomic(self.root / control.OWNER_FILE, {"pid": os.getpid(), "start": control._start_ticks(
+            os.getpid()), "kind": "warm", "created": time.time()}, indent=None)
         self.app, self.home, self.io = self.root / "app", self.root / "home", self.root / "io"
         for d in (self.app, self.home, self.io):
             d.mkdir()
