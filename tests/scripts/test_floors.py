@@ -239,3 +239,25 @@ def test_1_5_docs_architecture_draws_the_same_table():
         elif words and words[0].startswith("polar.") and "imports nothing of the project" in line:
             drawn[words[0]] = frozenset()
     assert drawn == FLOORS
+
+
+def test_1_6_the_checks_find_what_they_look_for(monkeypatch):
+    """On the tree before issue 38 these checks found four circles (addon's gateway.py and the addons it listed;
+    launch's vllm, vllm_args, vllm_pool; rollout's cli and serve; rollout's sample and verify, each closed by an
+    import inside a function) and launch/proxy.py's two imports of the addon's option table: the same shapes, made
+    up, are found here."""
+    made_up = [("polar.rollout.sample", 21, "polar.rollout.verify"),
+               ("polar.rollout.verify", 106, "polar.rollout.sample"),
+               ("polar.launch.proxy", 172, "polar.addon.gateway"),
+               ("polar.trainer.train", 9, "polar.rollout.runner")]
+    monkeypatch.setattr(sys.modules[__name__], "edges", lambda: made_up)
+    assert circles() == [["polar.rollout.sample", "polar.rollout.verify"]]
+    assert floor_violations() == ["polar.launch.proxy:172 imports polar.addon.gateway",
+                                  "polar.trainer.train:9 imports polar.rollout.runner"]
+
+
+def test_1_7_imports_inside_functions_are_read():
+    """`imports_of` reads an import inside a function (and a relative one) as the module it names."""
+    path = ROOT / "rollout" / "cli.py"
+    found = {dst for _, _, dst in imports_of(path)}
+    assert {"polar.rollout.options", "polar.rollout.runner", "polar.rollout.serve"} <= found
