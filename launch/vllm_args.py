@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from polar.launch import paths
-from polar.records.cliargs import OneLineParser
+from polar.records.cliargs import OneLineParser, positive_int
 
 VENV_ENV, MODELS_ENV, TIMEOUT_ENV = "POLAR_VLLM_VENV", "POLAR_MODELS_DIR", "POLAR_VLLM_START_TIMEOUT"
 
@@ -113,22 +113,12 @@ def add_start_arguments(p: argparse.ArgumentParser) -> None:
                         "(auto: one per visible device) (default 1)")
     p.add_argument("--device", metavar="D", help="the CUDA device this server runs on (CUDA_VISIBLE_DEVICES=D); a "
                                                   "pool gives each replica its own")
-    p.add_argument("--tensor-parallel-size", type=_positive, default=1, metavar="N",
+    p.add_argument("--tensor-parallel-size", type=positive_int, default=1, metavar="N",
                    help="shard the model over N GPUs (vLLM's --tensor-parallel-size; a GPU build of vLLM only, one "
                         "server: not with --replicas) (default 1)")
     add_venv_argument(p)
     p.add_argument("--models-dir", metavar="DIR",
                    help=f"where the preset models are (default: {MODELS_ENV}, else the checkout's .cache/models)")
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive number (got {text!r})")
-    return n
 
 
 def _replicas(text: str) -> int:
