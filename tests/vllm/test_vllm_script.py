@@ -26,7 +26,7 @@ def run(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess
 @pytest.mark.unit
 def test_1_1_an_unknown_model_is_refused_with_the_choices(tmp_path):
     p = run("start", "--model", str(tmp_path / "nowhere"), "--run-file", str(tmp_path / "rf.json"))
-    assert p.returncode == 1 and p.stdout == ""
+    assert p.returncode == 2 and p.stdout == ""  # bad input (docs/contracts.md)
     assert "tiny, smollm2 or a model directory" in p.stderr
 
 
@@ -36,7 +36,7 @@ def test_1_2_a_missing_environment_names_the_setup_command(tmp_path):
     (tmp_path / "m" / "config.json").write_text("{}")
     p = run("start", "--model", str(tmp_path / "m"), "--run-file", str(tmp_path / "rf.json"),
             env={"POLAR_VLLM_VENV": str(tmp_path / "no-venv")})
-    assert p.returncode == 1 and "scripts/setup --vllm" in p.stderr
+    assert p.returncode == 2 and "scripts/setup --vllm" in p.stderr  # bad input (docs/contracts.md)
 
 
 @pytest.mark.unit
