@@ -128,6 +128,21 @@ def _wait_all_healthy(procs: list[subprocess.Popen], ports: list[int], logs: lis
         raise
 
 
+def replica_cores(replicas: int, cores: list[int]) -> list[str]:
+    """Each CPU replica's own cores for its engine's threads (VLLM_CPU_OMP_THREADS_BIND), the cores split evenly:
+    vLLM's `auto` binds every replica's engine to the same first core (and reserves the next), so two replicas on one
+    machine took turns on one core while the other idled — the stalls of a CPU pool under load. With fewer cores
+    than replicas, replicas share them round-robin."""
+    cores = sorted(cores)
+    if len(cores) < replicas:
+        return [str(cores[i % len(cores)]) for i in range(replicas)]
+    out = []
+    for i in range(replicas):
+        mine = cores[i * len(cores) // replicas:(i + 1) * len(cores) // replicas]
+        out.append(f"{mine[0]}-{mine[-1]}" if len(mine) > 1 else str(mine[0]))
+    return out
+
+
 def start_pool(spec: StartSpec, log: Log = say) -> VllmPoolRunFile | VllmRunFile:
     """Start (or find running) the pool `spec` describes (`spec.replicas` servers, 0: one per visible CUDA device):
     the pool run file, written once every replica answers /health. A count that comes to one is one server."""
@@ -168,12 +183,13 @@ def start_pool(spec: StartSpec, log: Log = say) -> VllmPoolRunFile | VllmRunFile
     t0 = time.monotonic()
     # All at once: on CPU they contend for the cores, still sooner than one after the other.
     started = []
+    cores = replica_cores(n, list(os.sched_getaffinity(0))) if devices[0] is None else [None] * n
     try:
         for i, s in enumerate(specs):
-            on = f" on CUDA device {s.device}" if s.device is not None else ""
+            on = f" on CUDA device {s.device}" if s.device is not None else f" on CPU core(s) {cores[i]}"
             log(f"starting replica {i} of {n}: {name} ({model_dir}) on port {s.port}{on}; log: "
                 f"{paths.default_run_dir() / f'vllm-{s.port}.log'}")
-            started.append(_spawn(py, s, name, model_dir, weights_dir, int(s.port), preset, s.device))
+            started.append(_spawn(py, s, name, model_dir, weights_dir, int(s.port), preset, s.device, cores[i]))
     except BaseException:
         stop_groups([p.pid for p, _ in started], 15)
         raise

@@ -405,8 +405,9 @@ def _wait_healthy(proc: subprocess.Popen, port: int, timeout: float, log_path: P
 
 
 def _spawn(py: Path, spec: StartSpec, name: str, model_dir: Path, weights_dir: Path, port: int, preset: dict,
-           device: str | None = None) -> tuple[subprocess.Popen, Path]:
-    """Launch one server (not waiting for it); its process and its log."""
+           device: str | None = None, cpu_cores: str | None = None) -> tuple[subprocess.Popen, Path]:
+    """Launch one server (not waiting for it); its process and its log. `cpu_cores`: the cores a CPU build's engine
+    binds its threads to (VLLM_CPU_OMP_THREADS_BIND), unless the environment already says."""
     cmd = serve_command(py, spec, name, model_dir, weights_dir, port, preset)
     run_dir = paths.default_run_dir()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -414,6 +415,8 @@ def _spawn(py: Path, spec: StartSpec, name: str, model_dir: Path, weights_dir: P
     env = server_env(preset, spec.dev)
     if device is not None:
         env["CUDA_VISIBLE_DEVICES"] = device
+    if cpu_cores is not None:
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_cores)
     with open(log_path, "wb") as log_file:
         log_file.write(("$ " + " ".join(cmd) + "\n").encode())
         log_file.flush()

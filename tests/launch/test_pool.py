@@ -310,3 +310,14 @@ def test_5_1_polar_train_takes_a_pool_run_file_as_its_comma_list(pool_world, tmp
     VllmRunFile.read(second).replace(dev=False).write(second)  # every replica reloads: each must be in dev mode
     with pytest.raises(train.BadInput, match="not in dev mode"):
         train.start_server(plan, tmp_path)
+
+
+def test_cpu_replicas_get_cores_of_their_own():
+    """vLLM's `auto` binding put every CPU replica's engine on the first core (the stalls of a 2-core pool): the pool
+    splits the cores instead, evenly, and shares them round-robin only when replicas outnumber them."""
+    from polar.launch.vllm_pool import replica_cores
+
+    assert replica_cores(2, [0, 1]) == ["0", "1"]
+    assert replica_cores(2, [3, 2, 1, 0]) == ["0-1", "2-3"]
+    assert replica_cores(3, [0, 1]) == ["0", "1", "0"]
+    assert replica_cores(1, [0, 1, 2]) == ["0-2"]
