@@ -54,6 +54,7 @@ from pathlib import Path
 
 from polar.integrations.rows import RunRows, SampleRow, read_rows
 from polar.launch import vllm as launch_vllm
+from polar.records.files import write_json_atomic
 from polar.trainer.plan import DEFAULT_SAMPLING, rollout_command, task_dirs
 from polar.trainer.rollout_stage import RolloutService, ServeSettings
 
@@ -414,9 +415,7 @@ class PolarRollout:
                         for r in rows],
                "sequences_left_out": [s for run in runs for s in run.left_out],
                "counts": _sum_counts(runs), **figures}
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, path)
+        write_json_atomic(path, doc)
 
     def _log(self, trainer, mode: str, rows: list[SampleRow], runs: list[RunRows], within: int, checked: int,
              max_gap: float, rollout_s: float, publish_s: float) -> None:
