@@ -12,7 +12,7 @@ from polar.processor.eot import EotError, parse_tokenizer_arg
 from polar.processor.load import InputError
 from polar.processor.merge import MissingEot
 from polar.processor.report import summary
-from polar.processor.rewards import RewardsError
+from polar.processor.rewards import ADVANTAGE_NORMS, RewardsError
 from polar.processor.writers import OutputError
 from polar.records import FILE_SUFFIX, OPEN_SUFFIX
 from polar.records.cliargs import OneLineParser, positive_int
@@ -56,6 +56,9 @@ def parser() -> argparse.ArgumentParser:
                         "(default: 65536)")
     p.add_argument("--sft-min-reward", type=float, metavar="X",
                    help="sft.jsonl keeps sessions with reward ≥ X (default: every session with a main chain)")
+    p.add_argument("--advantage-norm", choices=ADVANTAGE_NORMS, default="std",
+                   help="a group's advantages: std = (reward − group mean) / group σ (population σ; GRPO), mean = "
+                        "reward − group mean (Dr. GRPO) (default: std)")
     p.add_argument("--side-chains", choices=("include", "zero", "exclude"), default="include",
                    help="reward of side-chain sequences: include = the session's, zero = 0.0, exclude = null and "
                         "left out of batches/ (default: include)")
@@ -129,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         overwrite=args.overwrite, incremental=args.incremental, engine=args.engine, ray_address=args.ray_address,
         ray_partitions=args.ray_partitions, allow_empty=args.allow_empty, session_prefix=tuple(args.session_prefix),
         report_max_mb=args.report_max_mb, report_no_text=args.report_no_text,
-        vocab=tuple(args.vocab or default_vocab(args.tokenizer)), allow_unjoined=args.allow_unjoined)
+        vocab=tuple(args.vocab or default_vocab(args.tokenizer)), allow_unjoined=args.allow_unjoined,
+        advantage_norm=args.advantage_norm)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         report = pipeline.process(opts, pipeline.Progress(show and not args.quiet))

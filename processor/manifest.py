@@ -393,6 +393,7 @@ class StateWriter:
                           "torn_tail": {"offset": tail.offset, "bytes": tail.nbytes} if tail else None})
         doc = {"version": VERSION, "options": fingerprint(opts), "eot_ids": eot_ids(eot), "files": files,
                "groups": [s for s in self.sessions if s not in pending_set], "pending_sessions": pending,
-               "last_run": last_run}
+               "last_run": last_run,
+               "advantage_norm": opts.advantage_norm}  # recorded, not compared: every advantage is recomputed
         with open(os.path.join(os.path.dirname(self.dir), MANIFEST), "wb") as fh:
             fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))

@@ -52,6 +52,7 @@ class Options:
     report_no_text: bool = False  # report.html without conversation text
     vocab: tuple[str, ...] = ()  # [MODEL=]DIR: token text in report.html only (never the end-of-turn set)
     allow_unjoined: bool = False  # a --rewards file none of whose lines joins a session is accepted (else an error)
+    advantage_norm: str = "std"  # rewards.ADVANTAGE_NORMS: divide by the group's σ, or only subtract its mean
 
 
 def process(opts: Options, progress: Progress | None = None) -> Report:
@@ -76,7 +77,7 @@ def process(opts: Options, progress: Progress | None = None) -> Report:
         groups, other = _keep_prefixed(index.sessions(), opts.session_prefix)
         eot = _end_of_turn(opts, index if not opts.session_prefix else replace(
             index, entries=[e for entries in groups.values() for e in entries]))
-        rewards = rw.read_rewards(opts.rewards, {s for s in groups if s is not None})
+        rewards = rw.read_rewards(opts.rewards, {s for s in groups if s is not None}, opts.advantage_norm)
         if opts.rewards and not opts.allow_unjoined:
             rw.check_joined(opts.rewards, rewards, groups)
         settings = Settings(opts.mode, opts.on_mismatch, opts.max_batch_tokens, opts.side_chains, eot, rewards)

@@ -1,4 +1,4 @@
-"""Rewards join, GRPO advantages (rule 10) and the side-chain policy (rule 9, `--side-chains`).
+"""Rewards join, GRPO advantages (rule 10, `--advantage-norm`) and the side-chain policy (rule 9, `--side-chains`).
 
 Rewards are read before any session is loaded, so every session's advantage is known when its sequences are
 written (the group statistics need only the rewards file and the set of sessions in the index).
@@ -15,6 +15,9 @@ from polar.processor.merge import TrainingSequence
 
 
 UNMATCHED_NAMED = 10  # unmatched sessions named in the report and the warning; the rest are counted
+# --advantage-norm: std = (r − mean_g) / σ_g (GRPO; TRL's scale_rewards="group" but for its ddof 1 and + 1e-4);
+# mean = r − mean_g (Dr. GRPO; TRL's scale_rewards="none"): a tiny group's σ no longer scales a reward gap up
+ADVANTAGE_NORMS = ("std", "mean")
 
 
 class RewardsError(ValueError):
@@ -40,7 +43,7 @@ class Rewards:
         return hit[1] if hit else None
 
 
-def read_rewards(path: str | None, sessions: set[str]) -> Rewards:
+def read_rewards(path: str | None, sessions: set[str], norm: str = "std") -> Rewards:
     """Parse JSONL `{"session": str, "reward": float, "group": str|null}` and join it to the dump's sessions.
 
     Duplicate session lines are an error; lines for unknown sessions are counted, not used, and the first
@@ -79,7 +82,7 @@ def read_rewards(path: str | None, sessions: set[str]) -> Rewards:
                 continue
             out.by_session[session] = (float(reward), group)
     out.missing = len(sessions - out.by_session.keys())
-    out.advantage = advantages(out.by_session)
+    out.advantage = advantages(out.by_session, norm)
     return out
 
 
@@ -94,9 +97,12 @@ def check_joined(path: str, rewards: Rewards, sessions) -> None:
                        f"session ids, or pass --allow-unjoined to process without rewards")
 
 
-def advantages(by_session: dict[str, tuple[float, str | None]]) -> dict[str, float | None]:
-    """Rule 10: per group g over its rewarded sessions, (r − mean_g) / σ_g with population σ (ddof 0); 0.0 when
-    σ_g = 0 or |g| = 1. A rewarded session without a group gets a null advantage."""
+def advantages(by_session: dict[str, tuple[float, str | None]], norm: str = "std") -> dict[str, float | None]:
+    """Rule 10: per group g over its rewarded sessions, (r − mean_g) / σ_g with population σ (ddof 0) under `norm`
+    std, r − mean_g under mean; 0.0 when σ_g = 0 or |g| = 1. A rewarded session without a group gets a null
+    advantage."""
+    if norm not in ADVANTAGE_NORMS:
+        raise ValueError(f"advantage norm {norm!r}: one of {', '.join(ADVANTAGE_NORMS)}")
     groups: dict[str, list[str]] = {}
     out: dict[str, float | None] = {}
     for session, (_, group) in by_session.items():
@@ -109,7 +115,7 @@ def advantages(by_session: dict[str, tuple[float, str | None]]) -> dict[str, flo
         mean = math.fsum(rs) / len(rs)
         sigma = math.sqrt(math.fsum((r - mean) ** 2 for r in rs) / len(rs))
         for s, r in zip(members, rs):
-            out[s] = 0.0 if sigma == 0 or len(rs) == 1 else (r - mean) / sigma
+            out[s] = 0.0 if sigma == 0 or len(rs) == 1 else (r - mean) / (sigma if norm == "std" else 1.0)
     return out
 
 

@@ -56,6 +56,18 @@ def test_1_1_writes_every_output_with_the_contract_schemas(dump):
                for line in sft for m in line["messages"] for tc in m.get("tool_calls") or [])
     html = (out / "report.html").read_text()
     assert "<svg" in html and "http://" not in html.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert json.loads((out / "manifest.json").read_text())["advantage_norm"] == "std"
+
+
+def test_1_1b_advantage_norm_mean_is_applied_and_recorded(dump):
+    tmp, _ = dump
+    assert run(tmp, "--rewards", str(tmp / "r.jsonl"), "--advantage-norm", "mean") == 0
+    seqs = pl.read_parquet(tmp / "out" / "sequences.parquet")
+    main_chain = ~pl.col("flags").list.contains("side_chain")
+    # s1 and s2 (rewards 1.0 and 0.0) form group g: mean 0.5, so ±0.5 (std would give ±1.0)
+    assert set(seqs.filter((pl.col("session") == "s1") & main_chain)["advantage"]) == {0.5}
+    assert set(seqs.filter((pl.col("session") == "s2") & main_chain)["advantage"]) == {-0.5}
+    assert json.loads((tmp / "out" / "manifest.json").read_text())["advantage_norm"] == "mean"
 
 
 def test_1_2_batches_pack_in_group_order_and_never_truncate(dump):

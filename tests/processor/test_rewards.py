@@ -35,6 +35,19 @@ def test_1_2_equal_rewards_give_zero_advantage(tmp_path):
     assert rw.read_rewards(path, {"a", "b"}).advantage == {"a": 0.0, "b": 0.0}
 
 
+def test_1_4_mean_norm_only_subtracts_the_group_mean(tmp_path):
+    # g: rewards 1, 0, 0, 0 → mean 0.25, σ = sqrt(0.1875) ≈ 0.433: std gives 1.732 / −0.577, mean 0.75 / −0.25
+    path = write(tmp_path, ['{"session":"a","reward":1,"group":"g"}', '{"session":"b","reward":0,"group":"g"}',
+                            '{"session":"c","reward":0,"group":"g"}', '{"session":"d","reward":0,"group":"g"}',
+                            '{"session":"e","reward":1,"group":"h"}', '{"session":"f","reward":1,"group":"h"}'])
+    mean = rw.read_rewards(path, set("abcdef"), norm="mean").advantage
+    assert mean == {"a": 0.75, "b": -0.25, "c": -0.25, "d": -0.25, "e": 0.0, "f": 0.0}
+    std = rw.read_rewards(path, set("abcdef")).advantage
+    assert std["a"] == pytest.approx(3 ** 0.5) and std["b"] == pytest.approx(-(3 ** -0.5))
+    with pytest.raises(ValueError, match="advantage norm"):
+        rw.advantages({"a": (1.0, "g")}, norm="max")
+
+
 @pytest.mark.parametrize("line", ['{"session":"a","reward":1}\n{"session":"a","reward":2}', '{"session":"a"}',
                                   'not json', '{"session":"a","reward":1,"group":3}'])
 def test_1_3_bad_lines_are_errors(tmp_path, line):
