@@ -167,6 +167,7 @@ class SequenceTokens:
     logprobs: np.ndarray  # float32 (zeros when the row has none)
     advantage: float = 0.0
     staleness: int | None = None  # versions behind the policy being trained (Staleness); None: not known
+    session: str | None = None  # the session (rollout) the row belongs to; None: not known
 
     @property
     def n_tokens(self) -> int:
@@ -307,7 +308,8 @@ def select_rows(df: pl.DataFrame, calls: dict[str, CallInfo], *, leave_out_const
         if why is not None:
             counts[why] += 1
             continue
-        kept.append(SequenceTokens(row["sequence_id"], ids[i], mask, lps[i], float(row["advantage"]), stale))
+        kept.append(SequenceTokens(row["sequence_id"], ids[i], mask, lps[i], float(row["advantage"]), stale,
+                                   row.get("session")))
     notes = [f"{counts[k]} row(s) left out: {what}" for k, what in _ROW_NOTES if counts[k]]
     for reason, what in (("sampling", "not sampled at T=1/top_p=1/top_k=-1 under raw_logprobs"),
                          ("constrained", "constrained (logprobs after the grammar mask)")):
@@ -323,8 +325,9 @@ def select_rows(df: pl.DataFrame, calls: dict[str, CallInfo], *, leave_out_const
 class MicroBatch:
     """Token-aligned tensors [B, L]: position t holds token t, its loss mask, π_old(token t) and the advantage.
 
-    `segments[k] = (row, start, end)` places `sequence_ids[k]` in the tensors. per_sequence has `attention_mask`
-    (1 = real token); packed has B = 1 and `attention_mask` None, `position_ids` restarting per sequence."""
+    `segments[k] = (row, start, end)` places `sequence_ids[k]` (of session `sessions[k]`) in the tensors.
+    per_sequence has `attention_mask` (1 = real token); packed has B = 1 and `attention_mask` None, `position_ids`
+    restarting per sequence."""
 
     layout: str
     input_ids: torch.Tensor
@@ -336,6 +339,7 @@ class MicroBatch:
     sequence_ids: list[str]
     segments: list[tuple[int, int, int]]
     staleness: torch.Tensor | None = None  # [B, L] int64: each token's row's staleness; −1 unknown or padding
+    sessions: list[str | None] = field(default_factory=list)  # sessions[k]: the session of sequence_ids[k]
 
     @property
     def n_tokens(self) -> int:
@@ -400,7 +404,8 @@ def build(seqs: list[SequenceTokens], layout: str) -> MicroBatch:
             at = end
     t = torch.from_numpy
     return MicroBatch(layout, t(ids), t(att) if layout == "per_sequence" else None, t(pos), t(mask), t(old),
-                      t(adv * (mask > 0)), [s.sequence_id for s in seqs], segments, t(stale))
+                      t(adv * (mask > 0)), [s.sequence_id for s in seqs], segments, t(stale),
+                      [s.session for s in seqs])
 
 
 class MicroBatches:

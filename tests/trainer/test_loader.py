@@ -93,6 +93,7 @@ def test_1_2_masks_logprobs_and_advantages_stay_on_their_tokens(tmp_path):
     for layout in loader.LAYOUTS:
         got = {}
         for mb in loader.micro_batches(str(batches), 100, layout):
+            assert mb.sessions == [f"sess{sid[1:]}" for sid in mb.sequence_ids]  # each segment's session
             for sid, (b, s, e) in zip(mb.sequence_ids, mb.segments):
                 got[sid] = (mb.input_ids[b, s:e], mb.loss_mask[b, s:e], mb.old_logprobs[b, s:e], mb.advantages[b, s:e],
                             mb.position_ids[b, s:e])
