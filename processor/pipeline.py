@@ -145,7 +145,7 @@ class _RunOutputs:
                 continue
             self.packer.add(seq)
         if self._keeps_sft(prod.session):
-            self.sft.writelines(prod.sft_lines)
+            self.sft.writelines(rw.with_carried(prod.sft_lines, self.rewards, prod.session))
             self.sft_lines += len(prod.sft_lines)
         self.report.add(prod.report)
         self.viewer.add(prod)

@@ -33,6 +33,7 @@ class Rewards:
     unmatched_lines: int = 0  # lines naming a session that is not in the dump
     unmatched_sessions: list[str] = field(default_factory=list)  # the first UNMATCHED_NAMED of those sessions
     missing: int = 0  # sessions in the dump without a reward line
+    carried: dict[str, dict] = field(default_factory=dict)  # the lines' CARRIED keys, for sft.jsonl's rows
 
     @property
     def joined(self) -> int:
@@ -81,9 +82,35 @@ def read_rewards(path: str | None, sessions: set[str], norm: str = "std") -> Rew
                     out.unmatched_sessions.append(session)
                 continue
             out.by_session[session] = (float(reward), group)
+            out.carried[session] = carried_fields(obj, f"{path}:{n}")
     out.missing = len(sessions - out.by_session.keys())
     out.advantage = advantages(out.by_session, norm)
     return out
+
+
+# What a reward line may carry into sft.jsonl's rows (polar-rollout writes them for SWE tasks): the agent's patch
+# against the base commit, and whether the verifier counted the sample resolved.
+CARRIED = {"patch": str, "resolved": bool}
+
+
+def carried_fields(line: dict, where: str) -> dict:
+    """A reward line's CARRIED keys that are set (null is absent); a value of another type is a RewardsError."""
+    out = {}
+    for key, kind in CARRIED.items():
+        value = line.get(key)
+        if value is not None and not isinstance(value, kind):
+            raise RewardsError(f"{where}: {key} must be a {kind.__name__} or null, got {type(value).__name__}")
+        if value is not None:
+            out[key] = value
+    return out
+
+
+def with_carried(sft_lines: list[bytes], rewards: Rewards, session: str | None) -> list[bytes]:
+    """A session's sft.jsonl rows with its reward line's carried keys added (the rows as they are without any)."""
+    extra = rewards.carried.get(session) if session is not None else None
+    if not extra:
+        return sft_lines
+    return [orjson.dumps({**orjson.loads(line), **extra}) + b"\n" for line in sft_lines]
 
 
 def check_joined(path: str, rewards: Rewards, sessions) -> None:
