@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 
-from polar.processor import pipeline
+from polar.processor import credit, pipeline
 from polar.processor.eot import EotError, parse_tokenizer_arg
 from polar.processor.load import InputError
 from polar.processor.merge import MissingEot
@@ -23,6 +23,24 @@ def _positive_float(text: str) -> float:
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
+
+
+def _unit_float(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in [0, 1], got {text}")
+    return value
+
+
+def _credit_options(p: argparse.ArgumentParser) -> None:
+    """Rule 11's options: each token's advantage."""
+    p.add_argument("--credit", choices=credit.CREDITS, default="session",
+                   help="session = every trained token carries its session's advantage; turn = plus each main-chain "
+                        "call's progress term from the rewards file's turn_scores (docs/merge-rules.md rule 11; a "
+                        "session without them keeps session credit, counted) (default: session)")
+    p.add_argument("--turn-gamma", type=_unit_float, default=credit.DEFAULT_TURN_GAMMA, metavar="G",
+                   help="--credit turn: a call's progress term counts later calls' progress discounted by G per call "
+                        f"(0: its own only; 1: to the session's end) (default: {credit.DEFAULT_TURN_GAMMA})")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -59,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--advantage-norm", choices=ADVANTAGE_NORMS, default="std",
                    help="a group's advantages: std = (reward − group mean) / group σ (population σ; GRPO), mean = "
                         "reward − group mean (Dr. GRPO) (default: std)")
+    _credit_options(p)
     p.add_argument("--side-chains", choices=("include", "zero", "exclude"), default="include",
                    help="reward of side-chain sequences: include = the session's, zero = 0.0, exclude = null and "
                         "left out of batches/ (default: include)")
@@ -133,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         ray_partitions=args.ray_partitions, allow_empty=args.allow_empty, session_prefix=tuple(args.session_prefix),
         report_max_mb=args.report_max_mb, report_no_text=args.report_no_text,
         vocab=tuple(args.vocab or default_vocab(args.tokenizer)), allow_unjoined=args.allow_unjoined,
-        advantage_norm=args.advantage_norm)
+        advantage_norm=args.advantage_norm, credit=args.credit, turn_gamma=args.turn_gamma)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         report = pipeline.process(opts, pipeline.Progress(show and not args.quiet))

@@ -394,6 +394,7 @@ class StateWriter:
         doc = {"version": VERSION, "options": fingerprint(opts), "eot_ids": eot_ids(eot), "files": files,
                "groups": [s for s in self.sessions if s not in pending_set], "pending_sessions": pending,
                "last_run": last_run,
-               "advantage_norm": opts.advantage_norm}  # recorded, not compared: every advantage is recomputed
+               # recorded, not compared: every advantage is recomputed
+               "advantage_norm": opts.advantage_norm, "credit": opts.credit, "turn_gamma": opts.turn_gamma}
         with open(os.path.join(os.path.dirname(self.dir), MANIFEST), "wb") as fh:
             fh.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2))

@@ -182,6 +182,7 @@ class TrainingSequence:
     advantage: float | None = None
     weight_versions: list[str] = field(default_factory=list)  # distinct, in call order; unknown versions left out
     call_spans: list[tuple[str, int, int]] = field(default_factory=list)  # (call_id, start, end): its completion
+    advantages: np.ndarray | None = None  # per token, float32 (rewards.apply, rule 11); None: no advantage
 
     @property
     def n_tokens(self) -> int:

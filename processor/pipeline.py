@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 from polar import records as rec
+from polar.processor import credit as cr
 from polar.processor import eot as eotmod
 from polar.processor import manifest as mf
 from polar.processor import rewards as rw
@@ -53,6 +54,8 @@ class Options:
     vocab: tuple[str, ...] = ()  # [MODEL=]DIR: token text in report.html only (never the end-of-turn set)
     allow_unjoined: bool = False  # a --rewards file none of whose lines joins a session is accepted (else an error)
     advantage_norm: str = "std"  # rewards.ADVANTAGE_NORMS: divide by the group's σ, or only subtract its mean
+    credit: str = "session"  # credit.CREDITS: the session's advantage on every trained token, or plus turn terms
+    turn_gamma: float = cr.DEFAULT_TURN_GAMMA  # --credit turn: later calls' progress smeared back by γ per call
 
 
 def process(opts: Options, progress: Progress | None = None) -> Report:
@@ -80,6 +83,9 @@ def process(opts: Options, progress: Progress | None = None) -> Report:
         rewards = rw.read_rewards(opts.rewards, {s for s in groups if s is not None}, opts.advantage_norm)
         if opts.rewards and not opts.allow_unjoined:
             rw.check_joined(opts.rewards, rewards, groups)
+        if opts.credit == "turn":
+            rewards.turn = cr.turn_terms(rewards.turn_scores, {s: g for s, (_, g) in rewards.by_session.items()},
+                                         opts.turn_gamma, opts.advantage_norm)
         settings = Settings(opts.mode, opts.on_mismatch, opts.max_batch_tokens, opts.side_chains, eot, rewards)
         order = _group_order(groups, rewards)
         rebuild = plan.rebuild(groups, eot)

@@ -218,7 +218,9 @@ class ReportBuilder:
             breaks=tuple(map(_event, t.breaks)), break_causes=dict(t.break_causes),
             flags={f: t.flags.get(f, 0) for f in FLAGS}, flag_events=tuple(map(_event, t.flag_notes)),
             rewards=RewardsJoin(joined=rewards.joined, missing=rewards.missing,
-                                unmatched_lines=rewards.unmatched_lines, unmatched_sessions=rewards.unmatched_sessions),
+                                unmatched_lines=rewards.unmatched_lines, unmatched_sessions=rewards.unmatched_sessions,
+                                turn_credit=len(rewards.turn.terms) if rewards.turn else None,
+                                turn_fallback=rewards.turn.fallback if rewards.turn else None),
             warnings=list(warnings), eot=eot, per_protocol=t.per_protocol, per_model=t.per_model,
             per_replica=t.per_replica,
             sessions=tuple(SessionRatio(session=s, calls=c, sequences=q, merge_ratio=c / q)

@@ -141,6 +141,10 @@ class RewardsJoin(_Record):
     missing: int
     unmatched_lines: int
     unmatched_sessions: list[str]
+    # --credit turn only: sessions whose calls got turn terms, and rewarded grouped sessions that fell back to
+    # session credit (turn_scores null, or fewer than two scored sessions in their group)
+    turn_credit: int | None = None
+    turn_fallback: int | None = None
 
 
 @dataclass(frozen=True)

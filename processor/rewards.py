@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from polar.processor import credit
 from polar.processor.merge import TrainingSequence
 
 
@@ -33,6 +34,8 @@ class Rewards:
     unmatched_lines: int = 0  # lines naming a session that is not in the dump
     unmatched_sessions: list[str] = field(default_factory=list)  # the first UNMATCHED_NAMED of those sessions
     missing: int = 0  # sessions in the dump without a reward line
+    turn_scores: dict[str, credit.TurnScores | None] = field(default_factory=dict)  # the lines' turn_scores
+    turn: credit.TurnCredit | None = None  # --credit turn's terms (credit.turn_terms); None: session credit
     carried: dict[str, dict] = field(default_factory=dict)  # the lines' CARRIED keys, for sft.jsonl's rows
 
     @property
@@ -75,6 +78,10 @@ def read_rewards(path: str | None, sessions: set[str], norm: str = "std") -> Rew
                 raise RewardsError(f"{path}:{n}: group must be a string or null, got {group!r}")
             if session in seen:
                 raise RewardsError(f"{path}:{n}: duplicate reward line for session {session!r}")
+            try:
+                turns = credit.parse_turn_scores(obj.get("turn_scores"))
+            except credit.TurnScoresError as exc:
+                raise RewardsError(f"{path}:{n}: {exc}") from None
             seen.add(session)
             if session not in sessions:
                 out.unmatched_lines += 1
@@ -82,6 +89,7 @@ def read_rewards(path: str | None, sessions: set[str], norm: str = "std") -> Rew
                     out.unmatched_sessions.append(session)
                 continue
             out.by_session[session] = (float(reward), group)
+            out.turn_scores[session] = turns
             out.carried[session] = carried_fields(obj, f"{path}:{n}")
     out.missing = len(sessions - out.by_session.keys())
     out.advantage = advantages(out.by_session, norm)
@@ -163,3 +171,6 @@ def apply(seq: TrainingSequence, rewards: Rewards, side_chains: str) -> None:
         seq.advantage = None if rewards.advantage.get(seq.session) is None else 0.0
     else:
         seq.reward, seq.advantage = hit[0], rewards.advantage.get(seq.session)
+    # Per token (rule 11): the scalar on trained tokens, plus a main-chain call's turn term under --credit turn.
+    terms = rewards.turn.terms.get(seq.session) if rewards.turn and not seq.side_chain else None
+    seq.advantages = credit.token_advantages(seq.advantage, seq.loss_mask, seq.call_spans, terms)

@@ -70,6 +70,7 @@ def sequences_frame(seqs: list[TrainingSequence]) -> pl.DataFrame:
         pl.Series("weight_versions", [s.weight_versions for s in seqs], dtype=SEQUENCES_SCHEMA["weight_versions"]),
         pl.Series("call_spans", [[{"call_id": c, "start": a, "end": b} for c, a, b in s.call_spans] for s in seqs],
                   dtype=SEQUENCES_SCHEMA["call_spans"]),
+        _list_series("advantages", [s.advantages for s in seqs], pl.Float32, np.dtype(np.float32)),
     ).select(list(SEQUENCES_SCHEMA))
 
 

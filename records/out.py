@@ -5,11 +5,14 @@ key-value metadata (`polar.out_version`).
 
 - `SEQUENCES` (sequences.parquet) and `BATCHES` (batches/batch-NNNNN.parquet: the same rows, packed to a token
   budget): one merged training sequence a row. Rules: `len(input_ids) == len(loss_mask) == len(logprobs)` (logprobs
-  may be null: a sequence without them) `== n_tokens`; `advantage` and `reward` finite or null.
+  may be null: a sequence without them) `== len(advantages)` (null: no advantage) `== n_tokens`; `advantage` and
+  `reward` finite or null.
 - `CALLS` (calls.parquet): one model call a row. Rule: `call_id` set.
 
 Versions. A file without the stamp was written before tables had one (version 0): its columns are the same as
-version 1's, so it is read (a reader that needs a column the file lacks says so in one line). A file of a newer
+version 1's, so it is read (a reader that needs a column the file lacks says so in one line). Version 2 adds the
+sequences' per-token `advantages`; a reader of a version 0 or 1 file broadcasts the scalar `advantage` over the
+trained tokens instead (`has_token_advantages`), which is what version 2 writes under `--credit session`. A file of a newer
 version than this reader knows is refused in one line (`OutVersionError`: update polar, or rerun polar-process).
 
 This module imports Polars; nothing else of polar.records imports it (the addon never loads Polars).
@@ -23,7 +26,8 @@ from typing import Callable
 
 import polars as pl
 
-VERSION = 1
+VERSION = 2
+TOKEN_ADVANTAGES_SINCE = 2  # the first version whose sequences carry `advantages`
 VERSION_KEY = "polar.out_version"
 
 
@@ -84,6 +88,9 @@ SEQUENCES_SCHEMA: dict[str, pl.DataType] = {
     # sequence, in call order, and where each call's completion lies in input_ids ([start, end), end exclusive).
     "weight_versions": pl.List(pl.Utf8),
     "call_spans": pl.List(pl.Struct({"call_id": pl.Utf8, "start": pl.Int64, "end": pl.Int64})),
+    # Each token's advantage (docs/merge-rules.md rule 11): 0.0 on untrained tokens; under --credit session the
+    # scalar `advantage` on every trained token; null when `advantage` is.
+    "advantages": pl.List(pl.Float32),
 }
 
 SEQUENCE_RULES = (
@@ -92,6 +99,10 @@ SEQUENCE_RULES = (
     Rule("len(input_ids) == len(logprobs) (logprobs null: none recorded)",
          lambda: pl.col("logprobs").is_null() | (pl.col("input_ids").list.len() == pl.col("logprobs").list.len())),
     Rule("n_tokens == len(input_ids)", lambda: pl.col("n_tokens") == pl.col("input_ids").list.len()),
+    Rule("len(input_ids) == len(advantages) (advantages null: no advantage)",
+         lambda: pl.col("advantages").is_null() | (pl.col("input_ids").list.len() == pl.col("advantages").list.len())),
+    Rule("advantages null exactly where advantage is",
+         lambda: pl.col("advantages").is_null() == pl.col("advantage").is_null()),
     _finite_or_null("advantage"),
     _finite_or_null("reward"),
 )
@@ -135,6 +146,12 @@ def check_version(path: str | os.PathLike) -> int:
         raise OutVersionError(f"{path}: written as OUT version {version}, this polar reads up to {VERSION}; update "
                               f"polar, or rerun polar-process with this one")
     return version
+
+
+def has_token_advantages(path: str | os.PathLike) -> bool:
+    """Whether a sequences or batch file carries per-token `advantages` (version 2 on); without them a reader
+    broadcasts `advantage` over the trained tokens."""
+    return "advantages" in read_schema(path)
 
 
 def read_schema(path: str | os.PathLike) -> dict[str, pl.DataType]:

@@ -51,7 +51,7 @@ def test_1_2_every_batch_file_too(processed):
 
 def _row(**kw):
     return {"sequence_id": "q", "input_ids": [1, 2, 3], "loss_mask": [0, 1, 1], "logprobs": [0.0, -1.0, -0.5],
-            "n_tokens": 3, "advantage": 0.5, "reward": 1.0, **kw}
+            "n_tokens": 3, "advantage": 0.5, "reward": 1.0, "advantages": [0.0, 0.5, 0.5], **kw}
 
 
 @pytest.mark.parametrize("row,broken", [
@@ -61,7 +61,9 @@ def _row(**kw):
     (_row(logprobs=[0.0]), "len(input_ids) == len(logprobs)"),
     (_row(n_tokens=4), "n_tokens == len(input_ids)"),
     (_row(advantage=math.nan), "advantage is finite or null"),
-    (_row(advantage=None), None),
+    (_row(advantage=None, advantages=None), None),
+    (_row(advantages=[0.0, 0.5]), "len(input_ids) == len(advantages)"),
+    (_row(advantages=None), "advantages null exactly where advantage is"),
     (_row(reward=math.inf), "reward is finite or null"),
 ])
 def test_2_1_a_row_that_breaks_a_rule_is_named(row, broken):
