@@ -49,7 +49,9 @@ prime-rl (`prime_rl.transports.rollouts.types.TrainingSample`; no prompt/complet
 - `logprobs` is `logprobs`.
 - `temperatures`: each token gets the temperature of the call it belongs to. A call owns its completion span and the
   context tokens before it back to the previous call's span (the first call also owns the first prompt).
-- `advantages` is the sequence's `advantage` on mask-1 tokens and 0.0 elsewhere.
+- `advantages` is the sequence's `advantages` column (each token's advantage, docs/merge-rules.md rule 11: under
+  `polar-process --credit session` the `advantage` on mask-1 tokens and 0.0 elsewhere; a batch file older than the
+  column gives that broadcast).
 
 verl (a `DataProto` row before padding; `non_tensor_batch["uid"]` is the GRPO group key):
 - The sequence is split at `prompt_len`: `prompts` is `input_ids[:prompt_len]`, `responses` is
@@ -59,8 +61,12 @@ verl (a `DataProto` row before padding; `non_tensor_batch["uid"]` is the GRPO gr
   `responses` to its fixed lengths, with 0 there).
 - `position_ids` is 0 … n_tokens − 1: what verl's `compute_position_id_with_mask` gives an unpadded row.
 - `rollout_log_probs` is `logprobs[prompt_len:]`.
-- `advantages` is ours: the sequence's `advantage` on the response's mask-1 tokens, 0.0 elsewhere (the shape verl's
-  GRPO estimator returns, so the trainer's own estimator can be bypassed).
+- `advantages` is ours: the response's part of the sequence's `advantages` column (under `--credit session` the
+  `advantage` on the response's mask-1 tokens, 0.0 elsewhere; the shape verl's GRPO estimator returns, so the
+  trainer's own estimator can be bypassed; under `--credit turn` each call's tokens carry their own).
+
+slime takes one reward per sample: a batch whose per-token advantages are not the broadcast of `advantage`
+(`polar-process --credit turn`) is refused in one line (rerun polar-process with `--credit session`).
 - `uid` is `group`.
 """
 
@@ -103,6 +109,10 @@ NEEDS: dict[str, tuple[str, ...]] = {
     "verl": ("sequence_id", "session", "group", "input_ids", "loss_mask", "logprobs", "n_tokens", "prompt_len",
              "advantage", "flags"),
 }
+
+# Columns a format reads when the batch has them: the per-token advantages (OUT version 2); without them the
+# scalar is broadcast, which is what the column holds under --credit session.
+OPTIONAL: dict[str, tuple[str, ...]] = {"slime": ("advantages",), "prime-rl": ("advantages",), "verl": ("advantages",)}
 
 REMOVE_FLAGS = ("context_mismatch", "missing_logprobs")
 
@@ -173,8 +183,31 @@ def _masked_advantage(mask: pl.Expr) -> pl.Expr:
     return product.list.eval(plain_zero).cast(pl.List(pl.Float32))
 
 
+def _token_advantages(kept: pl.DataFrame, response: bool) -> pl.Expr:
+    """The per-token advantages column (its response part for verl); the broadcast where a row has none."""
+    mask = _response("loss_mask") if response else pl.col("loss_mask")
+    if "advantages" not in kept.columns:
+        return _masked_advantage(mask)
+    column = _response("advantages") if response else pl.col("advantages")
+    return pl.when(pl.col("advantages").is_null()).then(_masked_advantage(mask)).otherwise(column) \
+        .cast(pl.List(pl.Float32))
+
+
+def check_one_advantage_per_sample(kept: pl.DataFrame) -> None:
+    """slime's refusal of per-token credit: ExportError when a row's advantages differ from its broadcast."""
+    if "advantages" not in kept.columns or not kept.height:
+        return
+    differs = kept.select((pl.col("advantages").is_not_null()
+                           & (pl.col("advantages") != _masked_advantage(pl.col("loss_mask")))).sum()).item()
+    if differs:
+        raise ExportError(f"{differs} sequence(s) carry per-token advantages (polar-process --credit turn) and slime "
+                          "takes one reward per sample; rerun polar-process with --credit session, or export verl or "
+                          "prime-rl")
+
+
 def slime_rows(kept: pl.DataFrame, ids: DenseIds) -> pl.DataFrame:
     """slime `Sample` fields (module docstring)."""
+    check_one_advantage_per_sample(kept)
     session_id = pl.col("session").replace_strict(ids.sessions, return_dtype=pl.Int64)
     no_logprobs = _response("loss_mask").list.eval(pl.element() * 0).cast(pl.List(pl.Float32))
     return kept.select(
@@ -213,7 +246,7 @@ def prime_rl_rows(kept: pl.DataFrame, temperatures: dict[str, float | None]) -> 
         pl.col("loss_mask").cast(pl.List(pl.Boolean)).alias("mask"),
         pl.col("logprobs"),
         pl.Series("temperatures", temps, dtype=pl.List(pl.Float32)),
-        _masked_advantage(pl.col("loss_mask")).alias("advantages"),
+        _token_advantages(kept, response=False).alias("advantages"),
         *PROVENANCE,
     )
 
@@ -228,7 +261,7 @@ def verl_rows(kept: pl.DataFrame) -> pl.DataFrame:
         pl.col("loss_mask").list.eval(pl.element() * 0 + 1).cast(pl.List(pl.Int32)).alias("attention_mask"),
         pl.int_ranges(0, pl.col("n_tokens")).alias("position_ids"),
         _response("logprobs").alias("rollout_log_probs"),
-        _masked_advantage(_response("loss_mask")).alias("advantages"),
+        _token_advantages(kept, response=True).alias("advantages"),
         pl.col("group").alias("uid"),
         *PROVENANCE,
     )
@@ -277,8 +310,9 @@ def read_temperatures(out: str) -> dict[str, float | None]:
 
 
 def read_batch(path: str, fmt: str) -> pl.DataFrame:
-    """One batch file's columns that `fmt` reads."""
-    return out_tables.read(path, columns=list(NEEDS[fmt]))
+    """One batch file's columns that `fmt` reads (OPTIONAL ones where the file has them)."""
+    have = out_tables.read_schema(path)
+    return out_tables.read(path, columns=[*NEEDS[fmt], *(c for c in OPTIONAL[fmt] if c in have)])
 
 
 def check_batches(files: list[str], fmt: str) -> None:

@@ -6,8 +6,10 @@
 - `packed`: sequences concatenated into one row (first-fit decreasing, Σ n_tokens ≤ max_tokens), `position_ids`
   restarting at 0 for each sequence and no attention mask (transformers builds the block-diagonal mask from the
   resets; CPU has no varlen kernel, so a pack still pays its whole length squared in attention).
-Every tensor is token-aligned: position t holds token t, its loss mask, its recorded logprob (π_old) and its row's
-advantage. Token 0 of every sequence is never trainable (it has no context).
+Every tensor is token-aligned: position t holds token t, its loss mask, its recorded logprob (π_old) and its
+advantage — the row's per-token `advantages` column (docs/merge-rules.md rule 11), or, in a file written before that
+column (OUT version < 2), the row's `advantage` broadcast over its tokens, which is what the column holds under
+`polar-process --credit session`. Token 0 of every sequence is never trainable (it has no context).
 
 Rows are left out, and counted, when their advantage is null (no reward joined) or their logprobs are null
 (`missing_logprobs`: no π_old). A sequence longer than max_tokens is its own micro-batch (a note says so), never cut.
@@ -168,6 +170,7 @@ class SequenceTokens:
     advantage: float = 0.0
     staleness: int | None = None  # versions behind the policy being trained (Staleness); None: not known
     session: str | None = None  # the session (rollout) the row belongs to; None: not known
+    advantages: np.ndarray | None = None  # float32 per token (the advantages column); None: `advantage` everywhere
 
     @property
     def n_tokens(self) -> int:
@@ -192,6 +195,18 @@ def row_arrays(df: pl.DataFrame) -> tuple[list[np.ndarray], list[np.ndarray], li
     parts = iter(np.split(flat, np.cumsum(lens[has])[:-1]) if has.any() else [])
     lps = [next(parts) if h else None for h in has]
     return ids, mask, lps
+
+
+def token_advantages(df: pl.DataFrame) -> list[np.ndarray | None]:
+    """Each row's per-token advantages (float32), through one flat buffer; None for a row without them (a file
+    older than the column, or a null advantage)."""
+    if "advantages" not in df.columns or not len(df):
+        return [None] * len(df)
+    has = df["advantages"].is_not_null().to_numpy()
+    lens = df["advantages"].list.len().to_numpy()[has]
+    flat = df.filter(pl.Series(has))["advantages"].explode().to_numpy().astype(np.float32)
+    parts = iter(np.split(flat, np.cumsum(lens)[:-1]) if has.any() else [])
+    return [next(parts) if h else None for h in has]
 
 
 @dataclass
@@ -293,7 +308,9 @@ def select_rows(df: pl.DataFrame, calls: dict[str, CallInfo], *, leave_out_const
     counts["rows"] = len(df)
     kept, seen = [], []
     ids, masks, lps = row_arrays(df) if len(df) else ([], [], [])
-    for i, row in enumerate(df.drop("input_ids", "loss_mask", "logprobs").iter_rows(named=True)):
+    advs = token_advantages(df)
+    for i, row in enumerate(df.drop("input_ids", "loss_mask", "logprobs", "advantages", strict=False)
+                            .iter_rows(named=True)):
         why = _keep(row, lps[i] is not None, leave_out_flags)
         stale = staleness.of(row, calls) if staleness is not None else None
         if staleness is not None and stale is None:
@@ -309,7 +326,7 @@ def select_rows(df: pl.DataFrame, calls: dict[str, CallInfo], *, leave_out_const
             counts[why] += 1
             continue
         kept.append(SequenceTokens(row["sequence_id"], ids[i], mask, lps[i], float(row["advantage"]), stale,
-                                   row.get("session")))
+                                   row.get("session"), advs[i]))
     notes = [f"{counts[k]} row(s) left out: {what}" for k, what in _ROW_NOTES if counts[k]]
     for reason, what in (("sampling", "not sampled at T=1/top_p=1/top_k=-1 under raw_logprobs"),
                          ("constrained", "constrained (logprobs after the grammar mask)")):
@@ -397,7 +414,8 @@ def build(seqs: list[SequenceTokens], layout: str) -> MicroBatch:
         for s in row:
             end = at + s.n_tokens
             ids[b, at:end], pos[b, at:end], att[b, at:end] = s.input_ids, np.arange(s.n_tokens), 1
-            mask[b, at:end], old[b, at:end], adv[b, at:end] = s.loss_mask, s.logprobs, s.advantage
+            mask[b, at:end], old[b, at:end] = s.loss_mask, s.logprobs
+            adv[b, at:end] = s.advantage if s.advantages is None else s.advantages
             mask[b, at] = 0  # token 0 of a sequence has no context
             stale[b, at:end] = -1 if s.staleness is None else s.staleness
             segments.append((b, at, end))

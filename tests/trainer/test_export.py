@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -319,3 +320,54 @@ def test_6_3_importing_the_export_loads_no_torch():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False"
     assert subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------------- 7. credit
+
+def _rewritten(processed: Path, root: Path, change) -> Path:
+    """A copy of OUT whose batch files went through `change(frame)` (written with the OUT stamp)."""
+    from polar.records import out as out_tables
+    (root / "batches").mkdir(parents=True)
+    shutil.copy(processed / "calls.parquet", root / "calls.parquet")
+    for f in sorted((processed / "batches").glob("*.parquet")):
+        change(pl.read_parquet(f)).write_parquet(root / "batches" / f.name, metadata=out_tables.metadata())
+    return root
+
+
+def _turn_credit(frame: pl.DataFrame) -> pl.DataFrame:
+    """Each row's first call's tokens + 0.25, as --credit turn writes a term on a call's span."""
+    rows = []
+    for adv, spans in zip(frame["advantages"].to_list(), frame["call_spans"].to_list()):
+        if adv is not None:
+            adv = list(adv)
+            for t in range(spans[0]["start"], spans[0]["end"]):
+                adv[t] += 0.25
+        rows.append(adv)
+    return frame.with_columns(pl.Series("advantages", rows, dtype=pl.List(pl.Float32)))
+
+
+def test_7_1_verl_and_prime_rl_write_the_per_token_column_and_slime_refuses_it(processed, tmp_path, capsys):
+    out = _rewritten(processed, tmp_path / "turn", _turn_credit)
+    column = {r["sequence_id"]: r for r in pl.concat([pl.read_parquet(f) for f in sorted(
+        (out / "batches").glob("*.parquet"))]).iter_rows(named=True)}
+    for fmt, key in (("verl", "responses"), ("prime-rl", "token_ids")):
+        manifest = export(str(out), fmt, str(tmp_path / fmt))
+        rows = pl.concat([pl.read_parquet(tmp_path / fmt / f) for f in manifest["files"]])
+        assert rows.height
+        for r in rows.iter_rows(named=True):
+            seq = column[r["sequence_id"]]
+            want = seq["advantages"][seq["prompt_len"]:] if fmt == "verl" else seq["advantages"]
+            assert r["advantages"] == want and len(want) == len(r[key])
+            assert any(a != np.float32(seq["advantage"]) for a, m in zip(seq["advantages"], seq["loss_mask"]) if m)
+    assert main([str(out), "--format", "slime", "-o", str(tmp_path / "slime")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--credit turn" in err[0] and "--credit session" in err[0]
+    assert not (tmp_path / "slime").exists()
+
+
+def test_7_2_a_batch_without_the_column_exports_the_broadcast(processed, exported, tmp_path):
+    out = _rewritten(processed, tmp_path / "v1", lambda f: f.drop("advantages"))
+    for fmt in ("verl", "prime-rl", "slime"):
+        manifest = export(str(out), fmt, str(tmp_path / fmt), rows_per_file=2, keep_mismatched=True)
+        rows = pl.concat([pl.read_parquet(tmp_path / fmt / f) for f in manifest["files"]])
+        assert rows.to_dicts() == exported[fmt][2].to_dicts()

@@ -106,6 +106,38 @@ def test_1_2_masks_logprobs_and_advantages_stay_on_their_tokens(tmp_path):
             assert pos.tolist() == list(range(r["n_tokens"]))  # restart per sequence in packed rows too
 
 
+def _advantages_of(batches) -> dict[str, list[float]]:
+    out = {}
+    for mb in loader.micro_batches(str(batches), 100, "packed"):
+        for sid, (b, s, e) in zip(mb.sequence_ids, mb.segments):
+            out[sid] = mb.advantages[b, s:e].tolist()
+    return out
+
+
+def test_1_4_the_per_token_advantages_column_is_what_the_tensor_holds(tmp_path):
+    # --credit turn: the first call's tokens carry 0.5 + 0.25, the second's 0.5 − 1.0 (rule 11's terms)
+    row = _row(0, 12, 4, advantage=0.5, calls=[("c0", 4, 8), ("c1", 8, 12)])
+    row["advantages"] = [0.0] * 4 + [0.75] * 4 + [-0.5] * 4
+    got = _advantages_of(_write(tmp_path / "turn", [row]))["s0"]
+    assert got == [0.0] * 4 + [0.75] * 4 + [-0.5] * 4
+
+
+def test_1_5_a_file_without_the_column_broadcasts_the_scalar_as_credit_session_writes_it(tmp_path):
+    rows = [_row(0, 40, 15, advantage=-0.3), _row(1, 25, 5, advantage=1 / 3)]
+    for r in rows:  # what polar-process --credit session writes: float32(advantage) on trained tokens, 0.0 elsewhere
+        r["advantages"] = np.where(np.array(r["loss_mask"]) == 1, np.float32(r["advantage"]), 0).astype(
+            np.float32).tolist()
+    with_column = _advantages_of(_write(tmp_path / "v2", rows))
+    old = tmp_path / "v1" / "batches"
+    old.mkdir(parents=True)
+    schema = {k: v for k, v in SEQUENCES_SCHEMA.items() if k != "advantages"}  # OUT version 1: no column
+    pl.DataFrame([{k: r[k] for k in schema} for r in rows], schema=schema, orient="row").write_parquet(
+        old / "batch-00000.parquet")
+    without = _advantages_of(old)
+    assert with_column == without  # bit for bit: both float32 tensors of the same values
+    assert without["s0"][20] == float(np.float32(-0.3)) and without["s0"][3] == 0.0
+
+
 def test_1_3_token_zero_is_never_trainable(tmp_path):
     row = _row(0, 10, 0)  # a (malformed) row whose first token is marked trainable
     mb = next(iter(loader.micro_batches(str(_write(tmp_path, [row])), 100, "packed")))
