@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar.records.results import read_latest
+from polar.rollout import estimators
 from polar.rollout import serve_protocol as protocol
 from polar.trainer.plan import Plan, StageFailed, task_dirs, tasks_of_step
 
@@ -264,18 +265,26 @@ def _fresh(directory: Path, base: str) -> str:
 def rewards_of(out: Path) -> dict:
     """The step's results.jsonl (latest attempts): samples, statuses, reward_mean, reward_std (over every rewarded
     sample), reward_mean_per_group, groups, groups_without_spread (fewer than 2 rewards, or all equal: every
-    advantage of the group is 0)."""
+    advantage of the group is 0), pass_at_1 (polar.rollout.estimators: the mean over tasks of each task's resolved
+    share; samples without a reward left out)."""
     latest = read_latest(out / "results.jsonl")  # the ledger's rule: a sample's highest attempt
     statuses: dict[str, int] = {}
     groups: dict[str, list[float]] = {}
+    outcomes: dict[str, list[bool | None]] = {}
     for doc in latest.values():
         statuses[doc["status"]] = statuses.get(doc["status"], 0) + 1
-        if doc.get("reward") is not None:
-            groups.setdefault(doc["group"], []).append(float(doc["reward"]))
+        reward = doc.get("reward")
+        if reward is not None:
+            groups.setdefault(doc["group"], []).append(float(reward))
+        outcomes.setdefault(doc["task"], []).append(
+            None if reward is None else estimators.is_resolved(float(reward), doc.get("reward_details")))
     every = [r for rs in groups.values() for r in rs]
     per_group = {g: sum(rs) / len(rs) for g, rs in sorted(groups.items())}
     mean = sum(every) / len(every) if every else None
     std = (sum((r - mean) ** 2 for r in every) / len(every)) ** 0.5 if every else None
     flat = sum(1 for rs in groups.values() if len(rs) < 2 or max(rs) - min(rs) <= 1e-12)
     return {"samples": len(latest), "statuses": statuses, "reward_mean": mean, "reward_std": std,
-            "reward_mean_per_group": per_group, "groups": len(groups), "groups_without_spread": flat}
+            "reward_mean_per_group": per_group, "groups": len(groups), "groups_without_spread": flat,
+            "pass_at_1": estimators.pass_at({t: (sum(o is not None for o in os_), sum(o is True for o in os_))
+                                             for t, os_ in outcomes.items() if any(o is not None for o in os_)},
+                                            1)["1"]}

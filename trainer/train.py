@@ -310,6 +310,7 @@ def step_line(step: int, plan: Plan, serving: str, r: dict, m: dict, summary: di
             "kl_initial": m.get("kl_initial"),
             "eval_reward": evaluation["reward_mean"] if evaluation else None,
             "eval_samples": evaluation["samples"] if evaluation else None,
+            "eval_pass_at_1": evaluation["pass_at_1"] if evaluation else None,
             "tasks": [Path(t).name for t in tasks_of_step(plan, step)],
             "published": why is None, "serving_after": version_of(step) if why is None else serving,
             "no_publication": why,
@@ -472,7 +473,8 @@ def step_summary(ln: dict) -> str:
             f"; spread {fmt(ln.get('reward_std'))}, {ln.get('groups_without_spread')} of {ln.get('groups')} group(s) "
             f"without spread, {ln.get('updates')} update(s), entropy {fmt(ln.get('entropy'))}, KL to initial "
             f"{fmt(ln.get('kl_initial'), '.3g')}"
-            + (f", eval reward {fmt(ln['eval_reward'])}" if ln.get("eval_reward") is not None else "")
+            + (f", eval reward {fmt(ln['eval_reward'])}, pass@1 {fmt(ln.get('eval_pass_at_1'))}"
+               if ln.get("eval_reward") is not None else "")
             + (f"; staleness max {ln['staleness']['max']}, {ln.get('left_out_stale')} left out as stale"
                if (ln.get("staleness") or {}).get("max") else "")
             + (f"; {ln['no_publication']}, {ln['serving_after']} keeps serving" if ln.get("no_publication") else ""))

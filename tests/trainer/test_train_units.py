@@ -112,6 +112,28 @@ def test_groups_without_spread(tmp_path):
     assert r["reward_std"] == pytest.approx(float(np.std([0, 0, 0.2, 0.4, 1, 1])))
 
 
+def test_eval_pass_at_1_is_the_mean_over_tasks_of_each_resolved_share(tmp_path):
+    # a: 1 of 2 resolved; b: reward 1 but reward.json says not resolved, and a sample without a reward (left out);
+    # c: only a sample without a reward (no task to count): (1/2 + 0) / 2
+    rows = [{"task": "a", "k": 0, "group": "g/a", "status": "completed", "reward": 1.0},
+            {"task": "a", "k": 1, "group": "g/a", "status": "completed", "reward": 0.0},
+            {"task": "b", "k": 0, "group": "g/b", "status": "completed", "reward": 1.0,
+             "reward_details": {"reward": 1, "resolved": False}},
+            {"task": "b", "k": 1, "group": "g/b", "status": "infra_error", "reward": None},
+            {"task": "c", "k": 0, "group": "g/c", "status": "verifier_error", "reward": None}]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert rewards_of(tmp_path)["pass_at_1"] == pytest.approx(0.25)
+    line = polar_train.step_summary({**_summary_line(), "eval_reward": 0.5, "eval_pass_at_1": 0.25})
+    assert "eval reward 0.500, pass@1 0.250" in line
+
+
+def _summary_line() -> dict:
+    keys = ("step", "weight_version", "samples", "statuses", "reward_mean", "verify_median_abs_gap",
+            "verify_share_within", "ratio_mean", "ratio_max", "clip_share", "loss", "tokens_trainable",
+            "tokens_forward")
+    return {**dict.fromkeys(keys), "seconds": {}}
+
+
 def test_default_lr_is_picked_from_the_model():
     params = count_params(TINY)
     assert 2_000_000 < params < 4_000_000
