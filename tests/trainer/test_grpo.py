@@ -10,6 +10,9 @@ Scenarios:
 1.4 calls not sampled at T=1 are left out and counted.
 2.x token-sum normalisation and TIS against a hand computation on a tiny synthetic case; the clip share and
     kl_initial by staleness (k3 over the tokens the policy in memory sampled).
+3.x the learning knobs (issue 41) against hand computations: clip-higher (ε_high) and the low/high clip shares; the
+    entropy bonus (loss and gradient); TRL's adaptive entropy controller step by step and across grpo_update's
+    optimizer steps; --normalize rollout (a long and a short session weigh the same).
 """
 
 from __future__ import annotations
@@ -117,8 +120,9 @@ def test_1_4_calls_not_sampled_at_t1_are_left_out_and_counted(both_modes, tmp_pa
 
 # ---------------------------------------------------------------------------------------------------- by hand
 
-def _synthetic(model) -> list[SequenceTokens]:
-    """Three sequences whose π_old is the model's own logprob moved by ±0.3 (so ratios leave the clip range)."""
+def _synthetic(model, shifts=(-0.3, 0.0, 0.3)) -> list[SequenceTokens]:
+    """Three sequences whose π_old is the model's own logprob moved by one of `shifts` (±0.3: ratios leave the clip
+    range)."""
     rng = np.random.default_rng(7)
     seqs = []
     for k, (n, prompt, adv) in enumerate([(40, 10, 1.5), (25, 20, -0.5), (60, 5, 0.8)]):
@@ -126,7 +130,7 @@ def _synthetic(model) -> list[SequenceTokens]:
         with torch.no_grad():
             lp = token_logprobs(model, torch.from_numpy(ids)[None])[0].numpy()
         mask = (np.arange(n) >= prompt).astype(np.float32)
-        old = (lp + rng.choice([-0.3, 0.0, 0.3], n)).astype(np.float32) * mask
+        old = (lp + rng.choice(list(shifts), n)).astype(np.float32) * mask
         seqs.append(SequenceTokens(f"s{k}", ids, mask, old, adv))
     return seqs
 
@@ -218,3 +222,128 @@ def test_2_3_kl_initial_is_measured_on_the_tokens_the_policy_in_memory_sampled()
     config = grpo.GrpoConfig(lr=1e-2, clip=0.2)
     m = grpo.grpo_update(model, grpo.make_optimizer(model, config), batches, config, reference=reference)
     assert m.kl_initial == pytest.approx(kl_first, rel=1e-4)
+
+
+# -- 3.x the learning knobs (issue 41) ---------------------------------------------------------------------------------
+
+def _by_hand(model, seqs, low: float, high: float, entropy_coef: float = 0.0, per_session: bool = False):
+    """The loss written out per sequence: −Σ m·min(r·A, clip(r, 1−low, 1+high)·A) / Σ m (per_session: each session's
+    token mean, averaged over the sessions) − c·Σ m·H / Σ m; its gradient; the low and high clip counts; Σ m."""
+    model.zero_grad(set_to_none=True)
+    count = sum(float(s.loss_mask[1:].sum()) for s in seqs)
+    by_session: dict[str, list] = {}
+    policy, bonus, n_low, n_high = [], [], 0, 0
+    for s in seqs:
+        out = torch.log_softmax(model(input_ids=torch.from_numpy(s.input_ids)[None]).logits[0, :-1].float(), -1)
+        lp = torch.nn.functional.pad(out.gather(-1, torch.from_numpy(s.input_ids)[1:, None]).squeeze(-1), (1, 0))
+        ent = torch.nn.functional.pad(-(out.exp() * out).sum(-1), (1, 0))
+        mask, old = torch.from_numpy(s.loss_mask).clone(), torch.from_numpy(s.logprobs)
+        mask[0] = 0
+        r = torch.exp(lp - old)
+        t = -torch.minimum(r * s.advantage, torch.clamp(r, 1 - low, 1 + high) * s.advantage) * mask
+        n_low += int(((r < 1 - low) & (mask > 0)).sum()) if s.advantage < 0 else 0
+        n_high += int(((r > 1 + high) & (mask > 0)).sum()) if s.advantage > 0 else 0
+        by_session.setdefault(s.session or s.sequence_id, []).append((t.sum(), float(mask.sum())))
+        policy.append(t.sum())
+        bonus.append((ent * mask).sum())
+    if per_session:
+        loss = torch.stack([sum(t for t, _ in v) / sum(n for _, n in v) for v in by_session.values()]).mean()
+    else:
+        loss = torch.stack(policy).sum() / count
+    loss = loss - entropy_coef * torch.stack(bonus).sum() / count
+    loss.backward()
+    grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.requires_grad])
+    return float(loss.detach()), grad, n_low, n_high, count
+
+
+def test_3_1_clip_high_clips_each_side_at_its_own_epsilon():
+    """ε_low 0.2, ε_high 0.28, on ratios of e^±0.3 (outside both) and e^0.22 = 1.246 (inside [0.8, 1.28], outside
+    [0.8, 1.2]): loss, gradient and the low/high clip shares as written out; the symmetric clip gives another loss."""
+    model = load_model(str(TINY))
+    seqs = _synthetic(model, shifts=(-0.3, -0.22, 0.0, 0.3))
+    batches = MicroBatches(Selection(seqs, {}, []), 64, "per_sequence")
+    m, grad = grpo.policy_gradient(model, batches, grpo.GrpoConfig(clip=0.2, clip_high=0.28))
+    loss, hand_grad, n_low, n_high, count = _by_hand(model, seqs, 0.2, 0.28)
+    assert m.loss == pytest.approx(loss, abs=1e-6)
+    assert torch.allclose(grad, hand_grad, atol=1e-6, rtol=1e-4)
+    assert n_low > 0 and n_high > 0
+    assert m.clip_share_low == pytest.approx(n_low / count) and m.clip_share_high == pytest.approx(n_high / count)
+    assert m.clip_share == pytest.approx(m.clip_share_low + m.clip_share_high)
+    symmetric, _ = grpo.policy_gradient(model, batches, grpo.GrpoConfig(clip=0.2))
+    assert symmetric.clip_share_high > m.clip_share_high and symmetric.loss != pytest.approx(m.loss, abs=1e-6)
+    assert symmetric.clip_share_low == pytest.approx(m.clip_share_low)
+
+
+def test_3_2_the_entropy_bonus_is_minus_c_times_the_token_mean_entropy():
+    model = load_model(str(TINY))
+    seqs = _synthetic(model)
+    batches = MicroBatches(Selection(seqs, {}, []), 64, "per_sequence")
+    m, grad = grpo.policy_gradient(model, batches, grpo.GrpoConfig(clip=0.2, entropy_coef=0.1))
+    loss, hand_grad, *_ = _by_hand(model, seqs, 0.2, 0.2, entropy_coef=0.1)
+    plain, _ = grpo.policy_gradient(model, batches, grpo.GrpoConfig(clip=0.2))
+    assert m.loss == pytest.approx(loss, abs=1e-5)
+    assert torch.allclose(grad, hand_grad, atol=1e-6, rtol=1e-4)
+    assert plain.loss - m.loss == pytest.approx(0.1 * m.entropy, rel=1e-4) and m.entropy > 1
+
+
+def test_3_3_the_adaptive_controller_steps_as_trl_1_16s():
+    """TRL 1.16 (GRPOConfig entropy_coef_delta 0.005, bounds [0, 1]): no bonus before the first measurement; after
+    each optimizer step ±δ (up at or below the target), clamped; applied only while the last entropy ≤ the target."""
+    c = grpo.EntropyControl(coef=0.0, target=0.5)
+    assert c.enabled and c.applied() == 0.0  # nothing measured yet
+    c.observe(0.5)  # at the target: up
+    assert (c.coef, c.applied()) == (pytest.approx(0.005), pytest.approx(0.005))
+    c.observe(0.7)  # above: down, and not applied
+    assert (c.coef, c.applied()) == (pytest.approx(0.0), 0.0)
+    c.observe(0.9)  # the floor
+    assert c.coef == 0.0
+    top = grpo.EntropyControl(coef=0.998, target=0.5)
+    top.observe(0.1)
+    assert top.coef == 1.0  # the ceiling
+    fixed = grpo.EntropyControl(coef=0.03)
+    fixed.observe(0.0)
+    assert (fixed.coef, fixed.applied()) == (0.03, 0.03) and not grpo.EntropyControl().enabled
+
+
+@pytest.mark.parametrize("target, start, after", [(100.0, 0.0, 0.015), (0.01, 0.1, 0.085)])
+def test_3_4_grpo_update_steps_the_controller_once_per_optimizer_step(target, start, after):
+    """Three optimizer steps (epochs 3): the coefficient moves 3 δ, up when the entropy (> 1 nat here) is below the
+    target, down when above."""
+    model = load_model(str(TINY))
+    model.requires_grad_(True)
+    seqs = _synthetic(model)
+    batches = MicroBatches(Selection(seqs, {}, []), 64, "per_sequence")
+    config = grpo.GrpoConfig(lr=1e-3, clip=0.2, entropy_coef=start, entropy_target=target)
+    control = grpo.EntropyControl.of(config)
+    m = grpo.grpo_update(model, grpo.make_optimizer(model, config), batches, config, epochs=3, entropy=control)
+    assert m.updates == 3 and m.entropy > 1
+    assert m.entropy_coef == pytest.approx(after) and control.coef == pytest.approx(after)
+    assert control.last_entropy < m.entropy + 1 and control.last_entropy != float("inf")
+    assert m.as_dict()["entropy_coef"] == pytest.approx(after)
+    plain = load_model(str(TINY)).requires_grad_(True)
+    none = grpo.grpo_update(plain, grpo.make_optimizer(plain, config), batches, grpo.GrpoConfig(clip=0.2))
+    assert none.entropy_coef is None  # no bonus: nothing to report
+
+
+def test_3_5_normalize_rollout_weighs_a_long_and_a_short_session_the_same():
+    """Session a: two sequences (30 + 55 trainable tokens), session b: one of 5: under rollout each session's tokens
+    weigh 1/2 in total (token: 85/90 and 5/90); the loss and gradient are the mean of the sessions' token means."""
+    model = load_model(str(TINY))
+    seqs = _synthetic(model)
+    for s, sess in zip(seqs, ("a", "b", "a")):
+        s.session = sess
+    batches = MicroBatches(Selection(seqs, {}, []), 64, "per_sequence")
+    per_session = grpo.session_weights(batches)
+    totals = {}
+    for mb in batches:
+        w = grpo.token_weights(mb, batches.counts["tokens_trainable"], per_session)
+        for sess, (b, a, e) in zip(mb.sessions, mb.segments):
+            totals[sess] = totals.get(sess, 0.0) + float((w[b, a:e] * mb.loss_mask[b, a:e]).sum())
+    assert totals == {"a": pytest.approx(0.5), "b": pytest.approx(0.5)}
+    config = grpo.GrpoConfig(clip=0.2, normalize="rollout")
+    m, grad = grpo.policy_gradient(model, batches, config)
+    loss, hand_grad, *_ = _by_hand(model, seqs, 0.2, 0.2, per_session=True)
+    assert m.loss == pytest.approx(loss, abs=1e-6)
+    assert torch.allclose(grad, hand_grad, atol=1e-6, rtol=1e-4)
+    token, _ = grpo.policy_gradient(model, batches, grpo.GrpoConfig(clip=0.2))
+    assert token.loss != pytest.approx(m.loss, abs=1e-4)
