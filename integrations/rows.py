@@ -10,10 +10,15 @@ first call) is one pad token with mask 0 and no reward, counted. The mask is the
 T=1/top_p=1/top_k=-1 under raw_logprobs are masked and counted, as polar-train masks them; a `context_mismatch`
 sequence (its recorded logprobs were sampled under another context) is masked whole and counted.
 
-The latest attempt of a sample is the one with the highest `attempt` (the rollout ledger's rule)."""
+The latest attempt of a sample is the one with the highest `attempt` (the rollout ledger's rule).
+
+A row carries no advantage (the trainer computes one per completion from the reward), so an OUT processed with
+`polar-process --credit turn` (per-call advantages; OUT/manifest.json's `credit`) is refused in one line
+(`RowsError`) rather than trained as session credit without a word."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +29,10 @@ from polar.records.results import read_latest
 from polar.trainer.loader import COUNTS, read_calls, row_arrays, trainable_mask
 
 MISMATCH = "context_mismatch"
+
+
+class RowsError(ValueError):
+    """A RUN whose rows would lose what it was processed for: str() is one line naming the fix."""
 
 
 @dataclass
@@ -73,6 +82,7 @@ def read_rows(run: Path, pad_id: int) -> RunRows:
     """Every sample of the RUN (its latest attempt) as a SampleRow."""
     results = latest_results(run)
     out = run / "out"
+    _refuse_turn_credit(out)
     counts = dict.fromkeys(COUNTS, 0)
     counts.update(no_sequence=0, unrewarded=0, mismatch_masked=0)
     seqs = pl.read_parquet(out / "sequences.parquet") if (out / "sequences.parquet").is_file() else pl.DataFrame()
@@ -103,6 +113,15 @@ def read_rows(run: Path, pad_id: int) -> RunRows:
                                pad_id)
     counts["sequences_left_out"] = len(left_out)
     return RunRows(rows, left_out, counts)
+
+
+def _refuse_turn_credit(out: Path) -> None:
+    manifest = out / "manifest.json"
+    credit = json.loads(manifest.read_text()).get("credit") if manifest.is_file() else None
+    if credit == "turn":
+        raise RowsError(f"{out} was processed with polar-process --credit turn: a row takes one advantage per "
+                        "completion, so per-call credit cannot reach it; reprocess with --credit session, or train "
+                        "with polar-train (or export verl / prime-rl)")
 
 
 def _holding(found: list[int], meta: list[dict], last_call: str | None) -> int:

@@ -128,6 +128,7 @@ class PolarRollout:
         if serve is not None and vllm is None:
             raise PolarRolloutError(f"serve={serve} needs vllm=RUN_FILE: the server behind it, which each round "
                                     "publishes to")
+        _refuse_turn_credit(rollout_opts)
         self.serve = Path(serve).resolve() if serve is not None else None
         self.agent, self.out, self.samples = agent, Path(out).resolve(), samples
         self.vllm, self.rollout_opts, self.seed = vllm, tuple(rollout_opts), seed
@@ -444,6 +445,29 @@ class PolarRollout:
         metrics["polar/weight_version"].append(float(self.published))
         for i, status in enumerate(STATUSES):
             metrics[f"polar/status/{status}"].append(float(summed[11 + i]))
+
+
+def process_options(rollout_opts) -> list[str]:
+    """The polar-process arguments among polar-rollout's (`--process-opt ARG` / `--process-opt=ARG`), in order."""
+    opts, out = list(rollout_opts), []
+    for i, arg in enumerate(opts):
+        if arg.startswith("--process-opt="):
+            out.append(arg.split("=", 1)[1])
+        elif arg == "--process-opt" and i + 1 < len(opts):
+            out.append(opts[i + 1])
+    return out
+
+
+def _refuse_turn_credit(rollout_opts) -> None:
+    """TRL's GRPOTrainer computes one advantage per completion from `polar_reward`: per-token credit
+    (polar-process --credit turn) has no way in, so it is refused rather than silently trained as session credit."""
+    args = process_options(rollout_opts)
+    pairs = [a.split("=", 1)[1] if a.startswith("--credit=") else args[i + 1] if a == "--credit" and i + 1 < len(args)
+             else None for i, a in enumerate(args)]
+    if "turn" in pairs:
+        raise PolarRolloutError("polar-process --credit turn: TRL's GRPOTrainer takes one advantage per completion, "
+                                "so per-call credit cannot reach it; use --credit session here, or train with "
+                                "polar-train (or export verl / prime-rl) for turn credit")
 
 
 def params_digest(model) -> str:

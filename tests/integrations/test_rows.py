@@ -74,3 +74,19 @@ def test_rows_of_a_processed_run(tmp_path):
     assert constrained.env_mask == [1, 1, 0, 0] and constrained.completion_ids == [7, 8, 9, 10]
     assert got.counts["constrained_calls_left_out"] == 1 and got.counts["constrained_tokens_left_out"] == 2
     assert constrained.reward == 0.0  # a reward of 0 stays 0; only no reward is None
+
+
+def test_an_out_processed_with_turn_credit_is_refused_in_one_line(tmp_path):
+    import pytest
+
+    from polar.integrations.rows import RowsError
+
+    run = tmp_path / "run"
+    (run / "out").mkdir(parents=True)
+    (run / "results.jsonl").write_text("")
+    (run / "out" / "manifest.json").write_text(json.dumps({"credit": "turn"}))
+    with pytest.raises(RowsError, match="--credit turn") as caught:
+        read_rows(run, PAD)
+    assert "\n" not in str(caught.value)
+    (run / "out" / "manifest.json").write_text(json.dumps({"credit": "session"}))
+    assert read_rows(run, PAD).rows == {}

@@ -105,3 +105,15 @@ def test_construction_refusals(tmp_path):
         rollout_of(tmp_path).__class__(tmp_path, agent="a", out=tmp_path)
     with pytest.raises(PolarRolloutError, match="needs vllm=RUN_FILE"):
         rollout_of(tmp_path, serve=str(tmp_path))
+
+
+@pytest.mark.parametrize("opts", [["--process-opt=--credit=turn"], ["--process-opt", "--credit=turn"],
+                                  ["--process-opt=--credit", "--process-opt=turn"]])
+def test_turn_credit(tmp_path, opts):
+    from polar.integrations.trl import PolarRolloutError
+
+    with pytest.raises(PolarRolloutError) as caught:
+        rollout_of(tmp_path, rollout_opts=opts)
+    assert "--credit turn" in str(caught.value) and "\n" not in str(caught.value)
+    assert not (tmp_path / "run").exists()
+    rollout_of(tmp_path, rollout_opts=["--process-opt=--credit=session"])  # session credit is TRL's own
