@@ -14,6 +14,8 @@ gateway writes records through it, and the processor, the rollout runner and the
   their rules (`SEQUENCES`, `CALLS`, `BATCHES`, `read`, `VERSION`). The one module that imports Polars: this package
   does not import it, so `import polar.records` (the gateway's, the rollout's) never loads Polars.
 - `results`: a rollout RUN's results.jsonl and its one rule, a sample's highest attempt (`read_latest`).
+- `estimators`: evaluation over a RUN's samples, as pure functions: pass@k, the resolved rate and its bootstrap
+  interval over tasks (polar-rollout's summary, polar-train's held-out pass@1).
 - `files`: a file replaced whole or not at all (`write_atomic`, `write_json_atomic`), for every writer of the house.
 """
 

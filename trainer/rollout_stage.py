@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar.records.results import read_latest
-from polar.rollout import estimators
+from polar.records import estimators
 from polar.rollout import serve_protocol as protocol
 from polar.trainer.plan import Plan, StageFailed, task_dirs, tasks_of_step
 
@@ -265,7 +265,7 @@ def _fresh(directory: Path, base: str) -> str:
 def rewards_of(out: Path) -> dict:
     """The step's results.jsonl (latest attempts): samples, statuses, reward_mean, reward_std (over every rewarded
     sample), reward_mean_per_group, groups, groups_without_spread (fewer than 2 rewards, or all equal: every
-    advantage of the group is 0), pass_at_1 (polar.rollout.estimators: the mean over tasks of each task's resolved
+    advantage of the group is 0), pass_at_1 (polar.records.estimators: the mean over tasks of each task's resolved
     share; samples without a reward left out)."""
     latest = read_latest(out / "results.jsonl")  # the ledger's rule: a sample's highest attempt
     statuses: dict[str, int] = {}

@@ -1,4 +1,5 @@
-"""Evaluation estimators over a run's samples, as pure functions: pass@k, the resolved rate and its interval.
+"""Evaluation estimators over a rollout run's samples, as pure functions (standard library only): pass@k, the
+resolved rate and its interval.
 
 - A sample counts when it has a reward; one without (an infra, verifier or cancelled status) is left out of its task's
   n and counted as `unrewarded`. A counted sample is resolved when its reward.json says `resolved` (SWE tasks), else

@@ -1,4 +1,4 @@
-"""pass@k, the resolved rate and its bootstrap interval (polar.rollout.estimators) against tables computed by hand.
+"""pass@k, the resolved rate and its bootstrap interval (polar.records.estimators) against tables computed by hand.
 
 1.x  pass@k of one task: 1 − C(n−c, k) / C(n, k), every k ≤ n
 2.x  a run's pass@k: the mean over the tasks with n ≥ k
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from polar.rollout import estimators as est
+from polar.records import estimators as est
 
 pytestmark = pytest.mark.unit
 
