@@ -55,14 +55,12 @@ class GrpoConfig:
     clip_high: float | None = None  # ε_high; None = clip (symmetric)
     entropy_coef: float = 0.0  # the entropy bonus's coefficient (with entropy_target: its starting value)
     entropy_target: float | None = None  # nats; None = a fixed coefficient, else the adaptive controller
-    normalize: str = "token"  # NORMALIZE: each trainable token weighs the same, or each session (rollout)
+    normalize: str = "token"  # "token": each trainable token weighs the same; "rollout": each session
 
     @property
     def eps_high(self) -> float:
         return self.clip if self.clip_high is None else self.clip_high
 
-
-NORMALIZE = ("token", "rollout")
 # TRL 1.16's GRPOConfig defaults for the adaptive controller (entropy_coef_delta, entropy_coef_min,
 # entropy_coef_max); its entropy_target defaults to 0.2 and entropy_coef to 0.0
 ENTROPY_COEF_DELTA, ENTROPY_COEF_MIN, ENTROPY_COEF_MAX = 0.005, 0.0, 1.0

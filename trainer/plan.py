@@ -19,6 +19,8 @@ from polar.launch import vllm as launch_vllm
 from polar.trainer.args import OneLineParser
 
 ROLLOUT_ENV = "POLAR_ROLLOUT"
+ADVANTAGE_NORMS = ("std", "mean")  # polar-process --advantage-norm's choices (its processor owns the rule)
+NORMALIZE = ("token", "rollout")  # polar.trainer.grpo's loss weights (GrpoConfig.normalize)
 DEFAULT_SAMPLING = "temperature=1.0,top_p=1.0,top_k=-1"
 DESCRIPTION = ("polar-train TASKS... --agent AGENT --model DIR --out RUN (docs/architecture.md#the-trainer-side): the "
                "closed loop, one step at a time.")
@@ -65,7 +67,22 @@ def parser() -> argparse.ArgumentParser:
                    help="measure KL to the initial policy (a frozen copy of --model: one no-grad forward per "
                         "micro-batch)")
     p.add_argument("--weight-decay", type=float, default=0.0, help="AdamW weight decay")
-    p.add_argument("--clip", type=float, default=0.2, help="PPO clip ε")
+    p.add_argument("--clip", type=float, default=0.2, help="PPO clip ε (the low side: r ≥ 1 − ε)")
+    p.add_argument("--clip-high", type=float, default=None, metavar="E",
+                   help="the clip's high side ε_high (r ≤ 1 + ε_high; clip-higher, DAPO: 0.28) (default: --clip)")
+    p.add_argument("--entropy-coef", type=float, default=0.0, metavar="C",
+                   help="entropy bonus: loss − C · mean token entropy (TRL's entropy_coef); with --entropy-target, "
+                        "its starting value")
+    p.add_argument("--entropy-target", type=float, default=None, metavar="H",
+                   help="adaptive entropy control (TRL's use_adaptive_entropy, entropy_target): the bonus applies "
+                        "only while the last optimizer step's mean token entropy is ≤ H nats, and after each step "
+                        "the coefficient moves by 0.005 within [0, 1], up at or below H, else down (default: off)")
+    p.add_argument("--advantage-norm", choices=ADVANTAGE_NORMS, default="std",
+                   help="the rollouts' advantages (polar-process --advantage-norm): std = (r − group mean) / group σ, "
+                        "mean = r − group mean (Dr. GRPO)")
+    p.add_argument("--normalize", choices=NORMALIZE, default="token",
+                   help="the loss's weights: token = every trainable token of an update the same; rollout = every "
+                        "session the same, however long (its tokens' mean)")
     p.add_argument("--tis-cap", type=float, default=None, help="truncated importance sampling cap (default: off)")
     p.add_argument("--micro-batch-tokens", type=int, default=4096, help="tokens per micro-batch")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
@@ -121,6 +138,11 @@ class Plan:
     lr_source: str = "given"
     params: int | None = None
     max_staleness: int = 0
+    clip_high: float | None = None
+    entropy_coef: float = 0.0
+    entropy_target: float | None = None
+    advantage_norm: str = "std"
+    normalize: str = "token"
 
     @classmethod
     def from_args(cls, args) -> "Plan":
@@ -134,7 +156,9 @@ class Plan:
                    seed=args.seed, keep_checkpoints=args.keep_checkpoints,
                    eval_tasks=[str(Path(t).resolve()) for t in args.eval_tasks], eval_every=args.eval_every,
                    eval_samples=args.eval_samples, kl_initial=args.kl_initial, lr_source=args.lr_source,
-                   params=args.params, max_staleness=args.max_staleness)
+                   params=args.params, max_staleness=args.max_staleness, clip_high=args.clip_high,
+                   entropy_coef=args.entropy_coef, entropy_target=args.entropy_target,
+                   advantage_norm=args.advantage_norm, normalize=args.normalize)
 
 
 # The learning rate when --lr is not given (measured: docs/training.md, "Measured"): a small randomly initialised
@@ -190,6 +214,10 @@ def check_args(args) -> None:
         raise BadInput(f"--samples {args.samples}: a GRPO group needs ≥ 2 samples")
     if (args.lr is not None and args.lr < 0) or args.clip <= 0 or (args.tis_cap is not None and args.tis_cap <= 0):
         raise BadInput("--lr must be ≥ 0, --clip and --tis-cap > 0")
+    if args.clip_high is not None and args.clip_high <= 0:
+        raise BadInput(f"--clip-high {args.clip_high}: must be > 0 (or leave it out: --clip on both sides)")
+    if args.entropy_coef < 0 or (args.entropy_target is not None and args.entropy_target < 0):
+        raise BadInput("--entropy-coef and --entropy-target must be ≥ 0")
     out = Path(args.out)
     if args.resume:
         if not (out / "train.json").is_file():

@@ -23,7 +23,10 @@ CHARTS = (
     ("optimizer updates per step", [("updates", "updates")]),
     ("GRPO loss", [("loss", "loss")]),
     ("importance ratio π/π_old", [("ratio_mean", "mean"), ("ratio_max", "max")]),
-    ("clipped / truncated share of tokens", [("clip_share", "clipped"), ("tis_share", "truncated (TIS)")]),
+    ("clipped / truncated share of tokens", [
+        ("clip_share", "clipped"), ("clip_share_low", "clipped low (r < 1 − ε, A < 0)"),
+        ("clip_share_high", "clipped high (r > 1 + ε_high, A > 0)"), ("tis_share", "truncated (TIS)")]),
+    ("entropy bonus coefficient", [("entropy_coef", "entropy_coef")]),
     ("verify: median |logprob gap| (nats)", [("verify_median_abs_gap", "median |gap|")]),
     ("verify: share of tokens within tolerance", [("verify_share_within", "share within")]),
 )
@@ -56,7 +59,8 @@ def _group_chart(lines: list[dict]) -> str:
 
 def _table(lines: list[dict]) -> str:
     head = ("step", "weights", "samples", "reward", "spread", "no spread", "eval", "updates", "KL init", "entropy",
-            "loss", "ratio mean", "ratio max", "verify median", "trainable", "seconds")
+            "loss", "ratio mean", "ratio max", "clip low", "clip high", "entropy coef", "verify median", "trainable",
+            "seconds")
     rows = []
     for ln in lines:
         secs = ", ".join(f"{k} {v:.1f}" for k, v in (ln.get("seconds") or {}).items() if v is not None)
@@ -65,6 +69,7 @@ def _table(lines: list[dict]) -> str:
         cells = (ln["step"], ln.get("weight_version") or "–", ln.get("samples"), ln.get("reward_mean"),
                  ln.get("reward_std"), no_spread, ln.get("eval_reward"), ln.get("updates"), ln.get("kl_initial"),
                  ln.get("entropy"), ln.get("loss"), ln.get("ratio_mean"), ln.get("ratio_max"),
+                 ln.get("clip_share_low"), ln.get("clip_share_high"), ln.get("entropy_coef"),
                  ln.get("verify_median_abs_gap"),
                  ln.get("tokens_trainable"), secs)
         rows.append("<tr>" + "".join(f"<td>{html.escape(_fmt(c))}</td>" for c in cells) + "</tr>")
@@ -96,7 +101,12 @@ def render(run: Path, lines: list[dict]) -> str:
             + (f" ({plan['tasks_per_step']} task(s) per step)" if plan.get("tasks_per_step") else "")
             + f", K={plan.get('samples')}, lr {plan.get('lr')} ({html.escape(str(plan.get('lr_source', 'given')))}), "
             f"{plan.get('mini_batches', 1)} mini-batch(es) × {plan.get('epochs', 1)} epoch(s), seed "
-            f"{plan.get('seed', 0)}, clip {plan.get('clip')}, {plan.get('dtype')}; "
+            f"{plan.get('seed', 0)}, clip {plan.get('clip')}"
+            + (f"/{plan['clip_high']}" if plan.get("clip_high") is not None else "")
+            + (f", entropy coef {plan.get('entropy_coef')}" if plan.get("entropy_coef") else "")
+            + (f", entropy target {plan['entropy_target']}" if plan.get("entropy_target") is not None else "")
+            + f", advantages {plan.get('advantage_norm', 'std')}, normalize {plan.get('normalize', 'token')}, "
+            f"{plan.get('dtype')}; "
             f"{len(lines)} of {plan.get('steps')} step(s) done") if plan else f"{len(lines)} step(s)"
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title><style>{style}"
             f"</style></head><body><h1>{html.escape(title)}</h1><p>{what}</p>{''.join(charts)}{_table(lines)}"

@@ -76,13 +76,15 @@ class Started:
 class ServeSettings:
     """What the serve and each of its runs need to know of a training run (a `Plan` has these too): the agent, the
     model directory (its tokenizer names the end-of-turn ids when a run is processed), the proxy's sampling
-    override, the polar-rollout command line and the extra polar-rollout arguments."""
+    override, the polar-rollout command line, the extra polar-rollout arguments and the processing's advantage
+    normalisation (polar-process --advantage-norm)."""
 
     agent: str
     model: str
     sampling: str
     rollout_cmd: str
     rollout_opt: tuple[str, ...] = ()
+    advantage_norm: str = "std"
 
 
 class RolloutService:
@@ -161,7 +163,8 @@ class RolloutService:
         # random policy's) has no natural stop to take them from
         return protocol.RolloutRequest(
             out=str(out), tasks=tuple(tasks), agent=self.plan.agent, samples=samples, run_id=run_id,
-            no_process=not process, process_opt=(f"--tokenizer={self.plan.model}",) if process else (),
+            no_process=not process, process_opt=(f"--tokenizer={self.plan.model}",
+                                                  f"--advantage-norm={self.plan.advantage_norm}") if process else (),
             extra_args=tuple(self.run_args()), log=str(out.with_suffix(".log")))
 
     def run_args(self) -> list[str]:

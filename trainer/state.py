@@ -1,7 +1,7 @@
 """What a checkpoint holds beside the weights, for `polar-train --resume` (docs/training.md#resume):
 RUN/checkpoints/step-000N/trainer_state.pt — the optimizer's state (AdamW's moments and step counts), the RNG states
-(Python's `random`, torch's CPU generator), the step and the sample cursor (the next step whose rollout has not been
-asked for), and the step's train.jsonl line.
+(Python's `random`, torch's CPU generator), the entropy controller's coefficient and last measurement, the step and
+the sample cursor (the next step whose rollout has not been asked for), and the step's train.jsonl line.
 
 The file is written into the checkpoint's temporary directory, so it appears with the weights or not at all
 (polar.trainer.checkpoint.save_checkpoint's `extra`). The line makes a kill between the checkpoint and train.jsonl
@@ -19,14 +19,15 @@ STATE_FILE = "trainer_state.pt"
 STATE_VERSION = 1
 
 
-def write_state(directory: str, *, optimizer, step: int, cursor: int, line: dict) -> str:
-    """trainer_state.pt in `directory` (a checkpoint being written); its path."""
+def write_state(directory: str, *, optimizer, step: int, cursor: int, line: dict, entropy=None) -> str:
+    """trainer_state.pt in `directory` (a checkpoint being written); its path. `entropy`: the grpo.EntropyControl."""
     import torch
 
     path = os.path.join(directory, STATE_FILE)
     torch.save({"version": STATE_VERSION, "step": step, "cursor": cursor, "optimizer": optimizer.state_dict(),
                 "random": random.getstate(), "torch_rng": torch.get_rng_state(),
-                "line": json.dumps(line, allow_nan=False)}, path)
+                "line": json.dumps(line, allow_nan=False),
+                "entropy": None if entropy is None else [float(entropy.coef), float(entropy.last_entropy)]}, path)
     return path
 
 
@@ -43,10 +44,13 @@ def read_state(checkpoint: str | Path) -> dict | None:
     return state
 
 
-def restore(state: dict, optimizer) -> None:
-    """The optimizer and the RNGs as they were when `state` was saved."""
+def restore(state: dict, optimizer, entropy=None) -> None:
+    """The optimizer, the RNGs and `entropy` (a grpo.EntropyControl; a state saved before it was kept leaves it as it
+    is) as they were when `state` was saved."""
     import torch
 
+    if entropy is not None and state.get("entropy") is not None:
+        entropy.coef, entropy.last_entropy = state["entropy"]
     optimizer.load_state_dict(state["optimizer"])
     random.setstate(_as_tuple(state["random"]))
     torch.set_rng_state(state["torch_rng"])

@@ -75,7 +75,8 @@ TRAIN_FIELDS = ("step", "weight_version", "samples", "statuses", "reward_mean", 
                 "verify_median_abs_gap", "verify_share_within", "ratio_mean", "ratio_max", "clip_share", "tis_share",
                 "loss", "tokens_forward", "tokens_trainable", "seconds", "reward_std", "groups",
                 "groups_without_spread", "updates", "response_len", "entropy", "kl_initial", "eval_reward", "tasks", "published",
-                "staleness", "left_out_stale", "clip_share_by_staleness", "rollout_wait")
+                "staleness", "left_out_stale", "clip_share_by_staleness", "rollout_wait", "clip_share_low",
+                "clip_share_high", "entropy_coef")
 STAGES = ("rollout", "process", "verify", "train", "reload")
 
 
@@ -206,12 +207,13 @@ def train_step(step: int, trainer: "Trainer", out: Path, batches=None, update: b
                              tokens_trainable=batches.counts["tokens_trainable"], micro_batches=len(batches))
         n = sum(len(g) for g in batches.groups)
         m.sequences, m.response_len = n, (m.tokens_trainable / n if n else None)
+        m.entropy_coef = trainer.entropy.coef if trainer.entropy.enabled else None
         if m.tokens_trainable:
             m.entropy, m.kl_initial = grpo._measure(trainer.model, batches, trainer.reference)
         return m.as_dict()
     metrics = grpo.grpo_update(trainer.model, trainer.optimizer, batches, trainer.config,
                                mini_batches=plan.mini_batches, epochs=plan.epochs, seed=plan.seed * 1_000_003 + step,
-                               reference=trainer.reference)
+                               reference=trainer.reference, entropy=trainer.entropy)
     return metrics.as_dict()
 
 
@@ -224,6 +226,7 @@ class Trainer:
     optimizer: object
     config: object
     reference: object = None  # the initial policy, frozen (--kl-initial)
+    entropy: object = None  # grpo.EntropyControl: the entropy bonus's coefficient, carried from step to step
     weights: str = ""  # the directory the model in memory was saved to (or loaded from)
     version: str = ""  # its version: what the server serves
 
@@ -237,7 +240,9 @@ class Trainer:
 
         random.seed(plan.seed)
         torch.manual_seed(plan.seed)
-        config = grpo.GrpoConfig(lr=plan.lr, clip=plan.clip, tis_cap=plan.tis_cap, weight_decay=plan.weight_decay)
+        config = grpo.GrpoConfig(lr=plan.lr, clip=plan.clip, tis_cap=plan.tis_cap, weight_decay=plan.weight_decay,
+                                 clip_high=plan.clip_high, entropy_coef=plan.entropy_coef,
+                                 entropy_target=plan.entropy_target, normalize=plan.normalize)
         model = load_model(weights, plan.dtype)
         model.requires_grad_(True)
         reference = None
@@ -245,7 +250,7 @@ class Trainer:
             reference = load_model(plan.model, plan.dtype)
             reference.requires_grad_(False)
         return cls(plan=plan, model=model, optimizer=grpo.make_optimizer(model, config), config=config,
-                   reference=reference, weights=str(weights))
+                   reference=reference, weights=str(weights), entropy=grpo.EntropyControl.of(config))
 
 
 def evaluates(plan: Plan, step: int) -> bool:
@@ -317,6 +322,8 @@ def step_line(step: int, plan: Plan, serving: str, r: dict, m: dict, summary: di
             "verify_median_abs_gap": summary.get("median_abs_gap"),
             "verify_share_within": summary.get("share_within"), "ratio_mean": m.get("ratio_mean"),
             "ratio_max": m.get("ratio_max"), "clip_share": m.get("clip_share"), "tis_share": m.get("tis_share"),
+            "clip_share_low": m.get("clip_share_low"), "clip_share_high": m.get("clip_share_high"),
+            "entropy_coef": m.get("entropy_coef"),
             "loss": m.get("loss"), "tokens_forward": m.get("tokens_forward"),
             "tokens_trainable": m.get("tokens_trainable"), "first_ratio_max_dev": m.get("first_ratio_max_dev"),
             "grad_norm": m.get("grad_norm"), "left_out": m.get("left_out")}
@@ -329,7 +336,8 @@ def save(trainer: Trainer, line: dict) -> None:
 
     step = line["step"]
     def extra(tmp: str) -> None:
-        write_state(tmp, optimizer=trainer.optimizer, step=step, cursor=step + 1, line=line)
+        write_state(tmp, optimizer=trainer.optimizer, step=step, cursor=step + 1, line=line,
+                    entropy=trainer.entropy)
         crash_point("checkpoint-write", step)  # the directory whole under its temporary name, not renamed yet
 
     save_checkpoint(trainer.model, line["checkpoint"], trainer.plan.model, extra=extra)
@@ -449,7 +457,7 @@ def resume_pending(trainer: Trainer, run: Path, run_file: str, done: int, stage:
         trainer.model = load_model(str(ckpt), trainer.plan.dtype)
         trainer.model.requires_grad_(True)
         trainer.optimizer = grpo.make_optimizer(trainer.model, trainer.config)
-        restore(state, trainer.optimizer)
+        restore(state, trainer.optimizer, trainer.entropy)
         _say_step(f"step {done + 1}: trained and saved before the stop; publishing {ckpt.name}")
         line = finish(state["line"], trainer.plan, run, run_file, stage.proxies())
         append_line(run, line)
@@ -457,7 +465,7 @@ def resume_pending(trainer: Trainer, run: Path, run_file: str, done: int, stage:
         return done + 1
     last = read_state(Path(trainer.weights)) if done else None
     if last is not None:
-        restore(last, trainer.optimizer)
+        restore(last, trainer.optimizer, trainer.entropy)
     return done
 
 

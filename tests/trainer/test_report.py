@@ -3,6 +3,8 @@
 1  every chart is drawn with polar.processor.figures' line_chart (one curve implementation for both reports)
 2  a flat series gets an axis through zero (0…2v, or 0…1 at 0), never −0.5…0.5
 3  the page is written atomically and opens from disk (no script)
+4  the learning knobs (issue 41): the low/high clip shares and the entropy coefficient drawn and tabled; the plan's
+   clip-high, entropy control, advantage norm and normalisation stated
 """
 
 from __future__ import annotations
@@ -66,3 +68,20 @@ def test_3_the_page_is_written_whole_and_has_no_script(tmp_path):
     page = path.read_text()
     assert path == tmp_path / "report.html" and page.endswith("</html>\n") and "<script" not in page
     assert "step-0002" in page and list(tmp_path.iterdir()) == [path]  # no temporary file left
+
+
+def test_4_the_clip_sides_and_the_entropy_coefficient_are_drawn(tmp_path):
+    lines = [dict(ln, clip_share=0.3, clip_share_low=0.1, clip_share_high=0.2, entropy_coef=0.005 * ln["step"])
+             for ln in LINES]
+    (tmp_path / "train.json").write_text('{"agent": "a", "tasks": ["t"], "samples": 4, "lr": 0.01, "clip": 0.2, '
+                                         '"clip_high": 0.28, "entropy_coef": 0.0, "entropy_target": 0.2, '
+                                         '"advantage_norm": "mean", "normalize": "rollout", "steps": 3}')
+    page = render(tmp_path, lines)
+    clip = figure_of(page, "clipped / truncated share of tokens")
+    assert "clipped low" in clip and "clipped high" in clip
+    assert "0.015" in page.split("<table>")[1]  # step 3's coefficient in the table
+    coef = figure_of(page, "entropy bonus coefficient")
+    assert "<title>step 3: 0.015</title>" in coef and "<title>step 1: 0.005</title>" in coef
+    assert "<title>step 2: 0.2</title>" in figure_of(page, "clipped / truncated share of tokens")  # the high side
+    assert "clip 0.2/0.28" in page and "entropy target 0.2" in page and "advantages mean" in page
+    assert "normalize rollout" in page

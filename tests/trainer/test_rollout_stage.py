@@ -34,3 +34,13 @@ def test_a_python_agent_in_bwrap_runs_warm_unless_said(tmp_path: Path, agent, sa
     args = service.run_args()
     assert args.count("--warm-agents") == (1 if warm else 0), args
     assert ("--no-warm-agents" in args) == ("--no-warm-agents" in opts)
+
+
+def test_each_step_is_processed_with_the_runs_advantage_norm(tmp_path: Path):
+    """polar-train --advantage-norm reaches polar-process through each step's request (issue 41)."""
+    plan = SimpleNamespace(rollout_opt=[], agent="pi", model="/m", advantage_norm="mean")
+    request = RolloutService(plan, tmp_path, "http://127.0.0.1:1/v1")._request(tmp_path / "s", ["t"], 4, "r", True)
+    assert request.process_opt == ("--tokenizer=/m", "--advantage-norm=mean")
+    eval_request = RolloutService(plan, tmp_path, "http://127.0.0.1:1/v1")._request(tmp_path / "e", ["t"], 2, "e",
+                                                                                    False)
+    assert eval_request.no_process and eval_request.process_opt == ()

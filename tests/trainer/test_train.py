@@ -219,6 +219,12 @@ def test_4_step_two_was_served_by_step_one_weights(trained):
     ([str(TRAIN_TASK), "--agent", SDK_AGENT, "--model", "/nonexistent", "--out", "X"], "not an HF checkpoint"),
     ([str(TRAIN_TASK), "--agent", SDK_AGENT, "--model", str(TINY), "--out", "X", "--samples", "1"], "≥ 2 samples"),
     ([str(TRAIN_TASK), "--agent", SDK_AGENT, "--model", str(TINY), "--out", "X", "--steps", "0"], "--steps 0"),
+    ([str(TRAIN_TASK), "--agent", SDK_AGENT, "--model", str(TINY), "--out", "X", "--clip-high", "0"],
+     "--clip-high 0.0: must be > 0"),
+    ([str(TRAIN_TASK), "--agent", SDK_AGENT, "--model", str(TINY), "--out", "X", "--entropy-coef", "-0.1"],
+     "--entropy-coef and --entropy-target must be ≥ 0"),
+    ([str(TRAIN_TASK), "--agent", SDK_AGENT, "--model", str(TINY), "--out", "X", "--normalize", "sequence"],
+     "--normalize"),
 ])
 def test_5_bad_input_is_one_line_exit_2(tmp_path, args, needle):
     args = [str(tmp_path / a) if a == "X" else a for a in args]

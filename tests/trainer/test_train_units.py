@@ -189,3 +189,45 @@ def test_family_tasks_score_0_empty_and_1_solved(tmp_path, family):
                            env={"PATH": "/usr/bin:/bin", "POLAR_APP": str(app), "POLAR_LOGS": str(logs)})
             scores.append(float((logs / "reward.txt").read_text()))
         assert scores == [0.0, 1.0], task
+
+
+def test_the_learning_knobs_reach_train_json_the_config_and_the_controller(tmp_path):
+    """--clip-high, --entropy-coef/--entropy-target, --advantage-norm, --normalize (issue 41): train.json records
+    them and the trainer's GrpoConfig and entropy controller are built from them; the choices are the processor's."""
+    from polar.processor import rewards
+    from polar.trainer import plan as plan_module
+
+    args = plan_module.parser().parse_args([
+        str(FAMILIES / "digit-share" / "train"), "--agent", "pi", "--model", str(TINY), "--out", str(tmp_path / "run"),
+        "--clip-high", "0.28", "--entropy-coef", "0.01", "--entropy-target", "2.5", "--advantage-norm", "mean",
+        "--normalize", "rollout", "--rollout-cmd", sys.executable])
+    plan_module.check_args(args)
+    plan, run = polar_train.prepare(args)
+    raw = json.loads((run / "train.json").read_text())
+    assert {k: raw[k] for k in ("clip", "clip_high", "entropy_coef", "entropy_target", "advantage_norm",
+                                "normalize")} == {"clip": 0.2, "clip_high": 0.28, "entropy_coef": 0.01,
+                                                  "entropy_target": 2.5, "advantage_norm": "mean",
+                                                  "normalize": "rollout"}
+    trainer = polar_train.Trainer.load(Plan(**raw), str(TINY))
+    assert (trainer.config.clip, trainer.config.eps_high, trainer.config.normalize) == (0.2, 0.28, "rollout")
+    assert (trainer.entropy.coef, trainer.entropy.target, trainer.entropy.applied()) == (0.01, 2.5, 0.0)
+    assert plan_module.ADVANTAGE_NORMS == rewards.ADVANTAGE_NORMS
+    defaults = plan_module.parser().parse_args(["--out", "x"])
+    assert (defaults.clip_high, defaults.entropy_coef, defaults.entropy_target, defaults.advantage_norm,
+            defaults.normalize) == (None, 0.0, None, "std", "token")  # the defaults stay (issue 41: a campaign decides)
+
+
+def test_the_entropy_controller_survives_a_checkpoint(tmp_path):
+    from polar.trainer.state import read_state, restore, write_state
+
+    model = load_model(str(TINY))
+    opt = grpo.make_optimizer(model, grpo.GrpoConfig())
+    saved = grpo.EntropyControl(coef=0.035, target=0.2, last_entropy=0.15)
+    write_state(str(tmp_path), optimizer=opt, step=3, cursor=4, line={"step": 3}, entropy=saved)
+    back = grpo.EntropyControl(coef=0.0, target=0.2)
+    restore(read_state(tmp_path), opt, back)
+    assert (back.coef, back.last_entropy, back.applied()) == (0.035, 0.15, 0.035)
+    write_state(str(tmp_path), optimizer=opt, step=3, cursor=4, line={"step": 3})  # a run without a controller
+    fresh = grpo.EntropyControl(coef=0.0, target=0.2)
+    restore(read_state(tmp_path), opt, fresh)
+    assert (fresh.coef, fresh.last_entropy) == (0.0, float("inf"))
