@@ -7,7 +7,7 @@ import importlib.util
 import os
 import sys
 
-from polar.processor import credit, pipeline
+from polar.processor import compaction, credit, pipeline
 from polar.processor.eot import EotError, parse_tokenizer_arg
 from polar.processor.load import InputError
 from polar.processor.merge import MissingEot
@@ -41,6 +41,10 @@ def _credit_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--turn-gamma", type=_unit_float, default=credit.DEFAULT_TURN_GAMMA, metavar="G",
                    help="--credit turn: a call's progress term counts later calls' progress discounted by G per call "
                         f"(0: its own only; 1: to the session's end) (default: {credit.DEFAULT_TURN_GAMMA})")
+    p.add_argument("--compaction", choices=compaction.COMPACTIONS, default="train",
+                   help="a compaction call (its completion reappears in a later prompt where the prefix broke: "
+                        "docs/merge-rules.md rule 12): train = its summary trained under the session's advantage, "
+                        "mask = its tokens at mask 0, counted (default: train)")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -152,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         ray_partitions=args.ray_partitions, allow_empty=args.allow_empty, session_prefix=tuple(args.session_prefix),
         report_max_mb=args.report_max_mb, report_no_text=args.report_no_text,
         vocab=tuple(args.vocab or default_vocab(args.tokenizer)), allow_unjoined=args.allow_unjoined,
-        advantage_norm=args.advantage_norm, credit=args.credit, turn_gamma=args.turn_gamma)
+        advantage_norm=args.advantage_norm, credit=args.credit, turn_gamma=args.turn_gamma,
+        compaction=args.compaction)
     show = sys.stderr.isatty() if args.progress is None else args.progress
     try:
         report = pipeline.process(opts, pipeline.Progress(show and not args.quiet))

@@ -34,6 +34,7 @@ class Settings:
     side_chains: str
     eot: eotmod.EotTable
     rewards: rw.Rewards
+    compaction: str = "train"  # rule 12: a compaction call's tokens trained, or masked
 
     @property
     def eot_watch(self) -> frozenset[int]:
@@ -61,7 +62,7 @@ def group_products(session: str | None, records: list[tuple[IndexEntry, dict]], 
     prompts = AsciiPrompts()
     calls = [to_call(r, files[e.file], e.offset, prompts) for e, r in records]
     res = merge_group(calls, mode=settings.mode, eot_for=settings.eot.get, on_mismatch=settings.on_mismatch,
-                      null_group=session is None)
+                      null_group=session is None, compaction=settings.compaction)
     for seq in res.sequences:
         if seq.n_tokens > settings.max_batch_tokens:
             seq.flags = [f for f in FLAGS if f in {*seq.flags, "oversize"}]

@@ -48,9 +48,9 @@ STATE = "state"
 VERSION = 1
 # The options that decide a group's merge: a run with others cannot reuse a previous run's merges.
 FINGERPRINT = ("mode", "eot_token_ids", "tokenizers", "max_batch_tokens", "side_chains", "on_mismatch",
-               "session_prefix")
+               "session_prefix", "compaction")
 # Fingerprint keys added after a manifest version first shipped, with the value an older manifest means.
-_ADDED = {"session_prefix": []}
+_ADDED = {"session_prefix": [], "compaction": "train"}
 
 _INDEX_SCHEMA = {"file": pl.Utf8, "offset": pl.Int64, "length": pl.Int64, "session": pl.Utf8, "t_start": pl.Float64,
                  "id": pl.Utf8, "model_served": pl.Utf8, "finish_reason": pl.Utf8, "stop_reason": pl.Utf8,

@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from polar.processor import compaction as compactions
 from polar.processor.normalize import Call
 
 FLAGS = ("context_mismatch", "missing_logprobs", "truncated_turn", "aborted_turn", "side_chain", "superseded",
-         "constrained_decoding", "oversize", "mixed_weight_versions")
+         "constrained_decoding", "oversize", "mixed_weight_versions", "compaction")
 
 # Break causes. prefix_diverged / no_eot_in_tail / context_mismatch come from the rules; model_changed is ours:
 # one sequence is sampled by one model, so consecutive members served by different models start a new sequence.
@@ -336,6 +337,12 @@ class _Chains:
                 chains.superseded.append((r.replaced, r.chain))
         return chains
 
+    def join(self, later: int, earlier: int) -> None:
+        """`later`'s lineage continues `earlier`'s (rule 12: the chain a compaction's summary opened)."""
+        a, b = self.root(later), self.root(earlier)
+        if a != b:
+            self.parent[a] = b
+
     def root(self, c: int) -> int:
         parent = self.parent
         while parent[c] != c:
@@ -467,17 +474,23 @@ class _ChainsToSequences:
 
 
 def merge_group(calls: list[Call], *, mode: str, eot_for: Callable[[str | None], frozenset[int] | None],
-                on_mismatch: str = "merge", null_group: bool = False) -> GroupResult:
+                on_mismatch: str = "merge", null_group: bool = False, compaction: str = "train") -> GroupResult:
     """Turn one session group's calls (in (t_start, id) order) into sequences, per docs/merge-rules.md.
 
     mode: prefix_merging or per_request. eot_for(model) gives the end-of-turn set E (rule 5); prefix_merging
     raises MissingEot when a chain needs E for a model that has none. null_group: the group of calls without a
-    session, where every conversation is its own main chain (rule 2)."""
+    session, where every conversation is its own main chain (rule 2). compaction: what a compaction call's tokens
+    become (rule 12: train, or mask)."""
     res = GroupResult()
     session = None if null_group else (calls[0].session if calls else None)
     # Rule 1: only calls with non-null prompt and completion ids enter sequences.
     elig = [c for c in calls if c.eligible]
-    chains = _Chains.replay(route_calls([c.prompt_bytes for c in elig]))
+    routes = route_calls([c.prompt_bytes for c in elig])
+    chains = _Chains.replay(routes)
+    summaries = {} if null_group else compactions.find(
+        [c.completion for c in elig], [c.prompt for c in elig], [r.kind == "open" for r in routes])
+    for x, b in summaries.items():  # rule 12: the conversation goes on after its summary
+        chains.join(routes[b].chain, routes[x].chain)
     res.n_chains = len(chains.members)
     chain_ids = [elig[m[0]].id for m in chains.members]
     main = _main_lineages(chains, elig, null_group)
@@ -494,6 +507,7 @@ def merge_group(calls: list[Call], *, mode: str, eot_for: Callable[[str | None],
     for b, c in build.out:
         seq = b.finish(session)
         check_sequence(seq, by_id)
+        _mark_compaction(res, seq, {elig[x].id for x in summaries}, compaction, by_id)
         if chains.root(c) not in main:
             seq.side_chain = True
             seq.flags = [f for f in FLAGS if f in {*seq.flags, "side_chain"}]
@@ -502,3 +516,19 @@ def merge_group(calls: list[Call], *, mode: str, eot_for: Callable[[str | None],
             res.placement[cid] = (seq.sequence_id, seq.chain_id)
     res.sequences.sort(key=lambda s: (s.t_first, s.sequence_id))
     return res
+
+
+def _mark_compaction(res: GroupResult, seq: TrainingSequence, summary_ids: set[str], mode: str,
+                     by_id: dict[str, Call]) -> None:
+    """Rule 12 on one sequence: a compaction call in it flags it and is noted; under `mask` its completion's tokens
+    go to mask 0 (their logprobs to 0.0), so no loss reads them."""
+    held = [span for span in seq.call_spans if span[0] in summary_ids]
+    if not held:
+        return
+    seq.flags = [f for f in FLAGS if f in {*seq.flags, "compaction"}]
+    for call_id, start, end in held:
+        res.flag_notes.append(Note(seq.session, seq.chain_id, call_id, "compaction", len(by_id[call_id].prompt)))
+        if mode == "mask":
+            seq.loss_mask[start:end] = 0
+            if seq.logprobs is not None:
+                seq.logprobs[start:end] = 0.0

@@ -56,6 +56,7 @@ class Options:
     advantage_norm: str = "std"  # rewards.ADVANTAGE_NORMS: divide by the group's σ, or only subtract its mean
     credit: str = "session"  # credit.CREDITS: the session's advantage on every trained token, or plus turn terms
     turn_gamma: float = cr.DEFAULT_TURN_GAMMA  # --credit turn: later calls' progress smeared back by γ per call
+    compaction: str = "train"  # compaction.COMPACTIONS: a compaction call's tokens trained, or masked (rule 12)
 
 
 def process(opts: Options, progress: Progress | None = None) -> Report:
@@ -86,7 +87,8 @@ def process(opts: Options, progress: Progress | None = None) -> Report:
         if opts.credit == "turn":
             rewards.turn = cr.turn_terms(rewards.turn_scores, {s: g for s, (_, g) in rewards.by_session.items()},
                                          opts.turn_gamma, opts.advantage_norm)
-        settings = Settings(opts.mode, opts.on_mismatch, opts.max_batch_tokens, opts.side_chains, eot, rewards)
+        settings = Settings(opts.mode, opts.on_mismatch, opts.max_batch_tokens, opts.side_chains, eot, rewards,
+                            opts.compaction)
         order = _group_order(groups, rewards)
         rebuild = plan.rebuild(groups, eot)
 
@@ -146,7 +148,7 @@ class _RunOutputs:
         self.calls.add(prod.call_rows, sum(len(r["messages"] or "") + 512 for r in prod.call_rows))
         self.sequences.add(prod.sequences, sum(s.n_tokens * 9 for s in prod.sequences))
         for seq in prod.sequences:
-            if seq.side_chain and self.opts.side_chains == "exclude":
+            if seq.side_chain and "compaction" not in seq.flags and self.opts.side_chains == "exclude":
                 self.report.excluded_from_batches += 1
                 continue
             self.packer.add(seq)

@@ -164,9 +164,10 @@ def apply(seq: TrainingSequence, rewards: Rewards, side_chains: str) -> None:
     if hit is None:
         seq.reward = seq.advantage = None
         return
-    if seq.side_chain and side_chains == "exclude":
+    side = seq.side_chain and "compaction" not in seq.flags  # rule 12: a summary is the session's, never a side call
+    if side and side_chains == "exclude":
         seq.reward = seq.advantage = None
-    elif seq.side_chain and side_chains == "zero":
+    elif side and side_chains == "zero":
         seq.reward = 0.0
         seq.advantage = None if rewards.advantage.get(seq.session) is None else 0.0
     else:

@@ -55,7 +55,8 @@
   const bitsToNames = (bits, names) => names.filter((_, i) => bits & (1 << i));
   // Short labels for the list's flag chips (the full name is each chip's title and in the legend).
   const SHORT = {context_mismatch: "CM", missing_logprobs: "LP", truncated_turn: "TR", aborted_turn: "AB",
-    side_chain: "SC", superseded: "SU", constrained_decoding: "CD", oversize: "OV", mixed_weight_versions: "WV"};
+    side_chain: "SC", superseded: "SU", constrained_decoding: "CD", oversize: "OV", mixed_weight_versions: "WV",
+    compaction: "CP"};
   // What each flag means and what to do about it: each chip's hover text, and the legend above the list.
   const FLAG_HELP = {
     context_mismatch: "the prompt the trainer rebuilds is not the one the model saw (normal mode). " +
@@ -75,6 +76,8 @@
       "Raise --max-batch-tokens if your trainer allows.",
     mixed_weight_versions: "its calls were served by more than one weight version (a publish mid-session). " +
       "Off-policy by a version: the importance ratio covers it.",
+    compaction: "holds a compaction call: its summary reappears where the conversation's prefix broke. " +
+      "polar-process --compaction train|mask decides whether the summary is trained.",
   };
   const helpOf = (f) => f + (FLAG_HELP[f] ? ": " + FLAG_HELP[f] : "");
   const chips = (names) => names.length ? h("span", {class: "chips"}, ...names.map((f) =>

@@ -42,7 +42,7 @@ TEXT_LIMIT = 2000  # characters of one message or answer kept in the page
 NEW_MESSAGES = 24  # new messages of one call kept in the page (the rest are counted)
 ROW_COLS = ("session", "group", "reward", "advantage", "calls", "errors", "sequences", "merge_ratio", "tokens",
             "trainable", "flags", "causes", "breaks", "protocols", "t_start", "seconds")
-PROBLEM_FLAGS = frozenset(FLAGS) - {"side_chain", "constrained_decoding"}  # informational flags keep a lower tier
+PROBLEM_FLAGS = frozenset(FLAGS) - {"side_chain", "constrained_decoding", "compaction"}  # informational flags keep a lower tier
 PAGE_MB = 1_000_000  # --report-max-mb counts decimal megabytes
 _TAG = len('<script type="application/json" id="polar-s-000000"></script>')
 
