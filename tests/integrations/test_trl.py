@@ -266,18 +266,20 @@ def test_6_killed_after_a_checkpoint_resumes_on_its_weights(restored, trl_serve,
 
 # -- the objective, side by side ------------------------------------------------------------------------------------
 
-def test_7_polar_train_loss_equals_trl_dapo_loss(tmp_path):
-    """polar-train's clipped loss (grpo.token_terms over Σ mask) and TRL 1.16's `dapo` loss (`_compute_loss`, fed
-    old_per_token_logps = our recorded logprobs, the same advantages and masks), float64, one process, no
-    accumulation: equal loss and gradient within 1e-9, with ratios outside [1−ε, 1+ε] on both sides and advantages
-    of both signs. The differences by design are checked separately below: TRL's group std has ddof 1 and + 1e-4
+@pytest.mark.parametrize("eps_high, entropy_coef", [(None, 0.0), (0.28, 0.0), (0.28, 0.05)])
+def test_7_polar_train_loss_equals_trl_dapo_loss(tmp_path, eps_high, entropy_coef):
+    """polar-train's loss (grpo.micro_batch_loss over Σ mask: the clipped terms and the entropy bonus) and TRL 1.16's
+    `dapo` loss (`_compute_loss`, fed old_per_token_logps = our recorded logprobs, the same advantages and masks),
+    float64, one process, no accumulation: equal loss and gradient within 1e-9, with ratios outside [1−ε, 1+ε] on
+    both sides and advantages of both signs; --clip-high = TRL's epsilon_high (a ratio of 1.246 sits between the two
+    high bounds), --entropy-coef = TRL's entropy_coef (its fixed coefficient: use_adaptive_entropy off). The differences by design are checked separately below: TRL's group std has ddof 1 and + 1e-4
     (ours: the population std), and its normaliser carries the process count and the accumulation factor."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
-    from polar.trainer.grpo import GrpoConfig, token_terms
+    from polar.trainer.grpo import GrpoConfig, micro_batch_loss
     from polar.trainer.loader import MicroBatch
 
     torch.manual_seed(0)
@@ -287,7 +289,8 @@ def test_7_polar_train_loss_equals_trl_dapo_loss(tmp_path):
         completions), train_dataset=Dataset.from_dict({"prompt": ["a", "b"]}),
                           args=GRPOConfig(output_dir=str(tmp_path / "trl"), use_vllm=False, num_generations=2,
                                           per_device_train_batch_size=4, report_to="none", bf16=False,
-                                          gradient_checkpointing=False, loss_type="dapo", epsilon=0.2))
+                                          gradient_checkpointing=False, loss_type="dapo", epsilon=0.2,
+                                          epsilon_high=eps_high, entropy_coef=entropy_coef))
     trainer.current_gradient_accumulation_steps = 1
     model.train()
     B, P, C = 4, 5, 7
@@ -303,7 +306,7 @@ def test_7_polar_train_loss_equals_trl_dapo_loss(tmp_path):
     with torch.no_grad():  # the recorded logprobs: the model's, moved so that some ratios leave [0.8, 1.2] both ways
         logits = model(input_ids=ids).logits[:, :-1]
         now = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)[:, P - 1:]
-    shift = torch.tensor([[0.5, -0.5, 0.05, -0.05, 0.3, -0.3, 0.0]] * B, dtype=torch.float64)
+    shift = torch.tensor([[0.5, -0.5, 0.05, -0.05, 0.3, -0.3, -0.22]] * B, dtype=torch.float64)
     recorded = now + shift
     mask = (completion_mask * tool_mask).double()
 
@@ -316,8 +319,8 @@ def test_7_polar_train_loss_equals_trl_dapo_loss(tmp_path):
         log-probs in float32, ~1e-8 off float64 (checked below), so both losses are fed these."""
         out = torch.log_softmax(model_(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1], -1)
         picked = out.gather(-1, input_ids[:, 1:, None]).squeeze(-1)[:, -logits_to_keep:]
-        entropy = -(out.exp() * out).sum(-1)[:, -logits_to_keep:]
-        return picked, entropy.detach(), None
+        entropy = -(out.exp() * out).sum(-1)[:, -logits_to_keep:]  # with gradient, as TRL's (entropy_requires_grad)
+        return picked, entropy, None
 
     with torch.no_grad():
         trl_forward = trainer._get_per_token_logps_and_entropies(model, ids, torch.ones_like(ids), C)[0]
@@ -330,19 +333,22 @@ def test_7_polar_train_loss_equals_trl_dapo_loss(tmp_path):
 
     model.zero_grad()
     logits = model(input_ids=ids).logits[:, :-1]
-    logprobs = torch.nn.functional.pad(torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))
+    log_p = torch.log_softmax(logits, -1)
+    logprobs = torch.nn.functional.pad(log_p.gather(-1, ids[:, 1:, None]).squeeze(-1), (1, 0))
+    entropy = torch.nn.functional.pad(-(log_p.exp() * log_p).sum(-1), (1, 0))
     zeros = torch.zeros(B, P, dtype=torch.float64)
     loss_mask = torch.cat([zeros, mask], 1)
     mb = MicroBatch("per_sequence", ids, torch.ones_like(ids), torch.arange(P + C).expand(B, -1), loss_mask,
                     torch.cat([zeros, recorded], 1), advantages[:, None] * loss_mask, [str(i) for i in range(B)],
                     [(i, 0, P + C) for i in range(B)], None)
-    terms, stats = token_terms(logprobs, mb, GrpoConfig(clip=0.2))
-    ours = terms.sum() / loss_mask.sum()
+    ours, stats = micro_batch_loss(logprobs, entropy, mb, GrpoConfig(clip=0.2, clip_high=eps_high),
+                                   int(loss_mask.sum()), entropy_coef)
     ours.backward()
     grad_ours = [p.grad.clone() for p in model.parameters()]
 
     ratio = torch.exp(-shift)[mask > 0]
-    assert (ratio > 1.2).any() and (ratio < 0.8).any() and stats["clipped"] > 0
+    assert (ratio > 1.28).any() and (ratio < 0.8).any() and stats["clipped"] > 0
+    assert ((ratio > 1.2) & (ratio < 1.28)).any()  # clipped at ε_high 0.2, not at 0.28
     assert abs(float(ours.detach()) - float(theirs.detach())) <= 1e-9, (float(ours), float(theirs))
     assert max(float((a - b).abs().max()) for a, b in zip(grad_ours, grad_theirs)) <= 1e-9
 
