@@ -121,8 +121,9 @@ class PolarRollout:
     def __init__(self, tasks, agent: str, out, samples: int = 4, vllm: str | None = None, rollout_opts=(),
                  seed: int | None = None, *, serve: str | None = None, sampling: str | None = None,
                  model_dir: str | None = None, dtype: str = "float32", verify: bool = True,
-                 rollout_cmd: str | None = None):
+                 rollout_cmd: str | None = None, normalize: str = "token"):
         self.tasks = task_ids(tasks)
+        _refuse_rollout_normalize(normalize)
         if samples < 2:
             raise PolarRolloutError(f"samples={samples}: a GRPO group needs ≥ 2 samples")
         if serve is not None and vllm is None:
@@ -468,6 +469,16 @@ def _refuse_turn_credit(rollout_opts) -> None:
         raise PolarRolloutError("polar-process --credit turn: TRL's GRPOTrainer takes one advantage per completion, "
                                 "so per-call credit cannot reach it; use --credit session here, or train with "
                                 "polar-train (or export verl / prime-rl) for turn credit")
+
+
+def _refuse_rollout_normalize(normalize: str) -> None:
+    """polar-train's --normalize rollout (each session weighs one in the loss) is polar-train's loss; no
+    GRPOTrainer subclass here carries it, so it is refused rather than silently trained token-weighted."""
+    if normalize != "token":
+        raise PolarRolloutError(f"normalize={normalize!r}: TRL's GRPOTrainer weighs tokens by its own loss_type and no "
+                                "subclass here carries polar-train's --normalize rollout; with one row per session, "
+                                "GRPOConfig(loss_type='grpo') (each completion's token mean) is the per-rollout mean of "
+                                "the rows TRL trains, or train with polar-train --normalize rollout")
 
 
 def params_digest(model) -> str:

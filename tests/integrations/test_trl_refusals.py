@@ -1,7 +1,7 @@
 """PolarRollout refuses what it cannot run with, in one line and before anything starts (no vLLM, no serve): a TRL
 outside 1.16.x, num_generations ≠ samples, TRL's temperature ≠ the sampler's, a PEFT model, a vLLM not in dev mode,
-accelerate seeing fewer processes than WORLD_SIZE; at a round, a prompt that is no task id of TASKS and a batch that
-is not whole groups. The trainer here is a stand-in with the attributes PolarRollout reads; each case changes one."""
+accelerate seeing fewer processes than WORLD_SIZE, per-token credit, polar-train's --normalize rollout; at a
+round, a prompt that is no task id of TASKS and a batch that is not whole groups. The trainer here is a stand-in with the attributes PolarRollout reads; each case changes one."""
 
 from __future__ import annotations
 
@@ -117,3 +117,14 @@ def test_turn_credit(tmp_path, opts):
     assert "--credit turn" in str(caught.value) and "\n" not in str(caught.value)
     assert not (tmp_path / "run").exists()
     rollout_of(tmp_path, rollout_opts=["--process-opt=--credit=session"])  # session credit is TRL's own
+
+
+def test_rollout_normalize(tmp_path):
+    """polar-train's --normalize rollout has no way into TRL's loss: refused in one line (issue 41)."""
+    from polar.integrations.trl import PolarRolloutError
+
+    with pytest.raises(PolarRolloutError) as caught:
+        rollout_of(tmp_path, normalize="rollout")
+    assert "--normalize rollout" in str(caught.value) and "\n" not in str(caught.value)
+    assert not (tmp_path / "run").exists()
+    rollout_of(tmp_path, normalize="token")  # token weighting is TRL's dapo loss
