@@ -1,0 +1,43 @@
+"""Docker fixtures of the examples/swe tests: the private dockerd and the stand-in bases of tests/rollout (the same
+fixtures), and `swe_base` — the one base image every SWE task builds on here.
+
+examples/swe/environment/Dockerfile installs git and pytest (pinned) unless its base already has those versions.
+`swe_base` is the python stand-in with exactly that step run once, from the registries this machine reaches (the
+Debian mirror, PyPI), as `scripts/setup` reaches them; the tasks' own builds then run with no network and fetch
+nothing. It yields {"image", "map" (an --image-map file naming it for python:3.12-slim), "host"}."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from tests.examples.swe.swe_support import SWE
+from tests.rollout.conftest import cache_dir, dockerd, images  # noqa: F401 — the rollout tests' session fixtures
+
+SWE_BASE = "polar-standin/swe-python:3.12-slim"
+BUILD_TIMEOUT = 600
+
+
+def install_step() -> str:
+    """The Dockerfile's ARG and RUN lines between FROM and WORKDIR: the git and pytest install, verbatim."""
+    text = (SWE / "environment" / "Dockerfile").read_text()
+    step = re.search(r"^FROM [^\n]+\n(.*?)^WORKDIR ", text, re.M | re.S)
+    assert step and "pytest==" in step.group(1), "examples/swe/environment/Dockerfile lost its install step"
+    return step.group(1)
+
+
+@pytest.fixture(scope="session")
+def swe_base(images, tmp_path_factory):
+    python = images["loaded"]["python:3.12-slim"]
+    ctx = tmp_path_factory.mktemp("swe-base")
+    (ctx / "Dockerfile").write_text(f"FROM {python}\n{install_step()}")
+    env = {**os.environ, "DOCKER_HOST": images["host"]}
+    proc = subprocess.run(["docker", "build", "-q", "--network", "host", "-t", SWE_BASE, str(ctx)], env=env,
+                          capture_output=True, text=True, timeout=BUILD_TIMEOUT, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 0, f"the SWE base did not build: {proc.stderr[-2000:]}"
+    map_file = ctx / "image-map.txt"
+    map_file.write_text(f"python:3.12-slim={SWE_BASE}\ndebian:bookworm-slim={images['loaded']['debian:bookworm-slim']}\n")
+    return {"image": SWE_BASE, "map": map_file, "host": images["host"]}
