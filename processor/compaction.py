@@ -5,9 +5,9 @@ A call X is a compaction call when its completion reappears in the prompt of a l
 prompt extends no earlier chain tip (B opened a chain: the conversation's prefix broke there). That is what a summary
 is: text the model wrote that the agent puts, instead of the history, at the head of a new context. An ordinary turn
 reappears in its successor's prompt too, but there the prefix holds (the successor joins the chain). The match is on
-token ids, with EDGE ids at each end of the completion left out (re-rendered inside a message, a summary's first and
-last ids may tokenize differently) and at least MIN_SUMMARY_IDS ids left to match (a one-line answer quoted later is
-no summary).
+token ids: the completion's last TAIL ids before its final id and EDGE more (re-rendered inside a message, a summary's
+last ids may tokenize differently; its head may be reasoning the agent never shows again, so the tail is what must
+reappear), at least MIN_SUMMARY_IDS of them (a one-line answer quoted later is no summary).
 
 What the merge does with it: B's chain joins X's lineage (the conversation goes on after the summary, so the calls
 after it are not a side chain), and X's sequence is flagged `compaction`. `train` keeps X's completion trained under
@@ -21,6 +21,7 @@ import numpy as np
 COMPACTIONS = ("train", "mask")
 EDGE = 2
 MIN_SUMMARY_IDS = 16
+TAIL = 64
 
 
 def _contains(haystack: np.ndarray, needle: np.ndarray) -> bool:
@@ -33,9 +34,10 @@ def _contains(haystack: np.ndarray, needle: np.ndarray) -> bool:
 
 
 def summary_core(completion: np.ndarray) -> np.ndarray | None:
-    """The ids of a completion a later prompt must hold for it to count as a summary (its last id, an end of turn
-    or not, and EDGE ids at each end left out); None when too short to be one."""
-    core = completion[EDGE:len(completion) - 1 - EDGE]
+    """The ids of a completion a later prompt must hold for it to count as a summary: up to TAIL ids before its last
+    id (an end of turn or not) and EDGE more, never its first EDGE; None when fewer than MIN_SUMMARY_IDS."""
+    end = len(completion) - 1 - EDGE
+    core = completion[max(EDGE, end - TAIL):end]
     return core if len(core) >= MIN_SUMMARY_IDS else None
 
 

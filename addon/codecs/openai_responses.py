@@ -27,6 +27,14 @@ with `Upgrade: websocket` on a generation path is `websocket` (the gateway answe
 HTTPS at once; a 503 would cost it ~6 s: docs/field-notes.md, the agent CLIs). Every other path on chatgpt.com and on
 api.openai.com is `not_found`, except `/v1/chat/completions`, which belongs to the chat codec (route returns None).
 
+Compaction (Codex's remote compaction v2, which Codex 0.171 uses with the openai provider): a request whose input
+holds a `compaction_trigger` item asks for a summary of the conversation. The gateway generates it like any call
+(recorded and trainable: the processor's rule 12 recognises the call), with COMPACTION_PROMPT appended as a user
+message and `tool_choice` none, and answers with exactly one `compaction` output item whose `encrypted_content` is
+our encoding of the summary text (`polar:v1:`, as for reasoning). A `compaction` item in a later input is that
+summary again: it becomes a user message, SUMMARY_PREFIX and the text; one encoded by someone else cannot be read
+and is dropped (noted).
+
 Session keys, in order: header `session-id` (Codex), header `session_id` (Pi), body `prompt_cache_key`.
 
 Sections, in every codec's order (`base.Codec`): constants · route and session key · request (to_chat) ·
@@ -100,6 +108,11 @@ _SILENT_FIELDS = ("model", "input", "instructions", "stream", "stream_options", 
 _INCLUDE_ENCRYPTED = "reasoning.encrypted_content"
 _INCLUDE_LOGPROBS = "message.output_text.logprobs"
 _NOTED_ITEMS = ("configuration_update",)  # Codex's turn settings; nothing for the model to see
+# Remote compaction v2 (module docstring): the instruction the model summarises under, and the head of the user
+# message a summary comes back as.
+COMPACTION_PROMPT = ("Summarise the conversation so far for whoever continues it: the task, what has been done and "
+                     "learned, the state of the files, and what remains to do. Reply with the summary only.")
+SUMMARY_PREFIX = "Summary of the conversation so far (the context was compacted):\n"
 _MESSAGE_ROLES = ("user", "assistant", "system", "developer")
 
 
@@ -324,6 +337,7 @@ class _Folder:
         self.notes = notes
         self.messages: list[dict] = []
         self.turn: dict | None = None  # the assistant message being assembled
+        self.compaction = False  # the input asked for a summary (a compaction_trigger item)
 
     def flush(self) -> None:
         if self.turn is not None:
@@ -413,6 +427,16 @@ class _Folder:
         turn = self._assistant(fresh_after_output=True)
         turn["reasoning_content"] = (turn.get("reasoning_content") or "") + text
 
+    def summary(self, item: dict) -> None:
+        """A `compaction` item: our summary back as a user message; someone else's cannot be read (noted)."""
+        blob = item.get("encrypted_content")
+        text = decode_reasoning(blob) if isinstance(blob, str) and blob else None
+        if not text:
+            self.notes.add("foreign_compaction_dropped")
+            return
+        self.flush()
+        self.messages.append({"role": "user", "content": SUMMARY_PREFIX + text})
+
     def item(self, item: Any, where: str) -> None:
         if not isinstance(item, dict):
             raise _fail(f"{where}: each input item must be an object")
@@ -433,6 +457,11 @@ class _Folder:
             self.notes.add("additional_tools_as_tools")
         elif kind == "item_reference":
             raise _fail(f"{where}: item_reference is not supported: this gateway stores no items; send the item")
+        elif kind == "compaction_trigger":
+            self.compaction = True
+            self.notes.add("compaction_request")
+        elif kind == "compaction":
+            self.summary(item)
         elif kind in _NOTED_ITEMS:
             self.notes.add(f"ignored_item:{kind}")
         else:
@@ -614,8 +643,13 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
     folder = _Folder(tools, notes)
     _fold_input(body, tools, folder)
 
+    folder.flush()
+    if folder.compaction:  # a summary, not a turn: the instruction last, and no tool call to answer with
+        folder.messages.append({"role": "user", "content": COMPACTION_PROMPT})
     chat: dict[str, Any] = {"messages": folder.messages}
     _tool_fields(body, tools, chat, notes)
+    if folder.compaction and chat.get("tools"):
+        chat["tool_choice"] = "none"
     _sampling(body, chat)
     response_format = _response_format(body.get("text"), notes)
     if response_format is not None:
@@ -635,6 +669,7 @@ def to_chat(body: dict, route: Route | None = None) -> ChatPlan:
         "tool_names": tools.names,
         "encrypted_reasoning": _INCLUDE_ENCRYPTED in include,
         "echo": _echo(body, reasoning_echo),
+        "compaction": folder.compaction,
     }
     return ChatPlan(chat=chat, stream=bool(body.get("stream")), model_requested=model if isinstance(model, str)
                     else None, normalizations=tuple(notes.items), agent_top_logprobs=agent_top_logprobs,
@@ -788,6 +823,7 @@ class Encoder:
         self.tools: dict[int, dict] = {}  # backend tool index -> item
         self.pending_tools: dict[int, dict] = {}  # backend tool index -> {"id", "args"} until a name arrives
         self.notes: list[str] = []  # nothing to note while encoding Responses events
+        self.compaction = bool(extra.get("compaction"))  # answer with one compaction item (module docstring)
 
     # -- shapes ----------------------------------------------------------------------------------------------
 
@@ -971,6 +1007,8 @@ class Encoder:
         if self.ended:
             return []
         out = self.start()
+        if self.compaction:  # the summary leaves whole, as one compaction item, at the end
+            return out
         if d.reasoning:
             out += self._text("reasoning", d.reasoning, ())
         if d.text:
@@ -993,6 +1031,13 @@ class Encoder:
         if self.ended:
             return []
         out = self.start()
+        if self.compaction:
+            self.ended = True
+            item = self._compaction_item(c)
+            out.append(self._event("response.output_item.added", output_index=0, item=item))
+            out.append(self._event("response.output_item.done", output_index=0, item=item))
+            out.append(self._event("response.completed", response=self._response("completed", [item], _usage(c))))
+            return out
         truncated = c.finish_reason == "length"
         out += self._close_all("incomplete" if truncated else "completed")
         self.ended = True
@@ -1019,8 +1064,16 @@ class Encoder:
 
     # -- non-streaming ---------------------------------------------------------------------------------------
 
+    @staticmethod
+    def _compaction_item(c: Completion) -> dict:
+        """The one output item of a compaction request: the summary (the answer's text; its reasoning when it wrote
+        none), encoded. A summary cut by the token budget is still the summary there is: the response completes."""
+        return {"type": "compaction", "encrypted_content": encode_reasoning((c.content or c.reasoning or "").strip())}
+
     def response(self, c: Completion) -> dict:
         """The whole Response object for a non-streaming agent, built from the assembled completion."""
+        if self.compaction:
+            return self._response("completed", [self._compaction_item(c)], _usage(c))
         truncated = c.finish_reason == "length"
         status = "incomplete" if truncated else "completed"
         self.items, self.tools, self.open_text = [], {}, None

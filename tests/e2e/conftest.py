@@ -152,9 +152,10 @@ class Agents:
 
     def run(self, harness: str, prompt: str, *, session: str | None = None, provider: str | None = None,
             model: str | None = None, keep_nonessential: bool = False, timeout: float = CLI_TIMEOUT,
-            mint_session: bool = False, connect: str = "proxy") -> AgentRun:
+            mint_session: bool = False, connect: str = "proxy", cli_args: tuple[str, ...] = ()) -> AgentRun:
         """One CLI run; `mint_session` leaves the session to run-agent (read back from its stderr line);
-        `connect="base-url"`: the CLI's base-URL variable instead of the proxy (run-agent --connect)."""
+        `connect="base-url"`: the CLI's base-URL variable instead of the proxy (run-agent --connect); `cli_args`:
+        the CLI's own arguments (run-agent's second `--`)."""
         require_cli(harness)
         self.n += 1
         home = self.tmp_path / f"home{self.n}"
@@ -172,7 +173,7 @@ class Agents:
             argv += ["--keep-nonessential"]
         if connect != "proxy":
             argv += ["--connect", connect]
-        argv += ["--", prompt]
+        argv += ["--", prompt, *(["--", *cli_args] if cli_args else [])]
         env = {k: v for k, v in os.environ.items()
                if k not in ("NO_PROXY", "no_proxy", "HTTPS_PROXY", "https_proxy", "CODEX_HOME", "GEMINI_CLI_HOME", "XDG_CONFIG_HOME",
                             "XDG_DATA_HOME", "XDG_CACHE_HOME", "XDG_STATE_HOME", "PI_CODING_AGENT_DIR")}

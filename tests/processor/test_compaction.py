@@ -129,3 +129,12 @@ def test_3_1_end_to_end_the_summary_carries_the_session_s_advantage_or_none(tmp_
     assert [e["call_id"] for e in report["flag_events"] if e["cause"] == "compaction"] == ["s1-x"]
     s2_after = seqs.filter(pl.col("sequence_id") == "s2-b").row(0, named=True)
     assert "side_chain" in s2_after["flags"] and s2_after["advantage"] == 0.0
+
+
+def test_1_4_a_summary_after_reasoning_is_matched_by_its_tail():
+    thinking, summary = list(range(700, 800)), list(range(300, 400))  # reasoning ids the agent never sends back
+    completion = np.array(thinking + summary + [EOT], np.int32)
+    later = np.array(SYS + [7, 497] + summary + [EOT, 5], np.int32)
+    assert compaction.find([completion, np.array(CB, np.int32)], [np.array(PX, np.int32), later], [True, True]) \
+        == {0: 1}
+    assert compaction.summary_core(completion).tolist() == summary[-2 - compaction.TAIL:-2]

@@ -792,3 +792,47 @@ def test_7_2_previous_response_id_is_a_400_with_a_clear_message():
 def test_7_3_count_tokens_answer_shape():
     assert codec.count_tokens_response(42, Route(protocol="openai_responses", kind="count_tokens")) == {
         "object": "response.input_tokens", "input_tokens": 42}
+
+
+# -- 6. remote compaction v2 (Codex 0.171: a compaction_trigger item, one compaction item back) -----------------
+
+
+def test_6_1_a_compaction_trigger_asks_the_model_for_a_summary_without_tools():
+    p = plan_of(input=[{"role": "user", "content": "fix it"},
+                       {"type": "function_call", "call_id": "c1", "name": "sh", "arguments": "{}"},
+                       {"type": "function_call_output", "call_id": "c1", "output": "done"},
+                       {"type": "compaction_trigger"}],
+                tools=[{"type": "function", "name": "sh"}], stream=True)
+    msgs = p.chat["messages"]
+    assert msgs[-1] == {"role": "user", "content": codec.COMPACTION_PROMPT} and msgs[-2]["role"] == "tool"
+    assert p.chat["tool_choice"] == "none" and [t["function"]["name"] for t in p.chat["tools"]] == ["sh"]
+    assert p.extra["compaction"] and "compaction_request" in p.normalizations
+    assert not plan_of().extra["compaction"]
+
+
+def test_6_2_the_answer_is_exactly_one_compaction_item_holding_the_summary():
+    enc = make_encoder(input=[{"role": "user", "content": "go"}, {"type": "compaction_trigger"}], stream=True)
+    chunks = run(enc, [Delta(reasoning="hm"), Delta(text="The task: "), Delta(text="fix the parser.")],
+                 completion("The task: fix the parser.", reasoning="hm"))
+    events = [json.loads(block.split(b"data: ", 1)[1]) for block in b"".join(chunks).split(b"\n\n") if block]
+    kinds = [e["type"] for e in events]
+    assert kinds == ["response.created", "response.in_progress", "response.output_item.added",
+                     "response.output_item.done", "response.completed"]
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    (item,) = events[-1]["response"]["output"]
+    assert item == events[3]["item"] and item["type"] == "compaction"
+    assert codec.decode_reasoning(item["encrypted_content"]) == "The task: fix the parser."
+    whole = codec.Encoder(enc.ctx).response(completion("The task: fix the parser.", finish="length"))
+    assert whole["status"] == "completed" and [i["type"] for i in whole["output"]] == ["compaction"]
+
+
+def test_6_3_a_compaction_item_comes_back_as_the_summary_and_someone_else_s_is_dropped():
+    ours = codec.encode_reasoning("The task: fix the parser.")
+    p = plan_of(input=[{"role": "user", "content": "fix it"}, {"type": "compaction", "encrypted_content": ours},
+                       {"role": "user", "content": "go on"}])
+    assert p.chat["messages"] == [{"role": "user", "content": "fix it"},
+                                  {"role": "user", "content": codec.SUMMARY_PREFIX + "The task: fix the parser."},
+                                  {"role": "user", "content": "go on"}]
+    theirs = plan_of(input=[{"type": "compaction", "encrypted_content": "gAAAAB..."}, {"role": "user", "content": "x"}])
+    assert theirs.chat["messages"] == [{"role": "user", "content": "x"}]
+    assert "foreign_compaction_dropped" in theirs.normalizations
