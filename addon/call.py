@@ -60,6 +60,7 @@ class CallSettings:
     sampling_override: dict
     exact: object = None  # exact.ExactMode when polar_exact is on
     control: object = None  # control.Control: the hold gate and the weight version (None: never held, no version)
+    announce: object = None  # announce.Announcer: a runner told of each arriving call (None: polar_announce unset)
 
 
 @dataclass
@@ -170,6 +171,8 @@ class Call:
         if self.route.kind == "count_tokens":
             return await self._count_tokens(plan)
         info = await self._admit_generation()
+        if self.settings.announce is not None:  # before the backend sees it: the agent now waits on the model
+            await self.settings.announce.call_arrived(self.rec.record.get("session"), self.p.record_id)
         shaped = await self._shape(plan, info)
         return await self._stream(info, shaped)
 

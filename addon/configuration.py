@@ -22,6 +22,7 @@ import logging
 from mitmproxy import ctx
 
 from . import hosts as hostlist
+from .announce import Announcer
 from .call import CallSettings
 from .control import TokenFileError
 from .exact import ExactMode
@@ -76,9 +77,20 @@ class Configuration(GatewayAddon):
             max_body_bytes=o.max_body_bytes, connect_timeout=o.connect_timeout,
             first_byte_timeout=o.first_byte_timeout, idle_timeout=o.idle_timeout, logprobs_mode=o.logprobs_mode,
             thinking_kwarg=o.thinking_kwarg, sampling_override=o.sampling_override, exact=g.exact,
-            control=g.control,
+            control=g.control, announce=self._announcer(o, old),
         )
         g.options = o
+
+    def _announcer(self, o: GatewayOptions, old: GatewayOptions | None):
+        """The call announcer polar_announce asks for: the current one while its URL, hold and token stay."""
+        g = self.gateway
+        current = g.settings.announce if g.settings is not None else None
+        token = g.control_server.token.decode() if g.control_server.token is not None else None
+        if o.announce is None or token is None:
+            return None
+        if current is not None and (current.url, current.hold_s, current.token) == (o.announce, o.announce_hold, token):
+            return current
+        return Announcer(o.announce, token, o.announce_hold)
 
     def _fail(self, line: str) -> None:
         g = self.gateway

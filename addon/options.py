@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from . import hosts as hostlist
+from .announce import loopback_url
 
 # seed: one seed for every call (K samples of one prompt are then K copies); seed_per_call: a seed of its own for each
 # call, derived from the value, the call's session and its prompt (addon/shaping.py: call_seed), so a rollout is
@@ -85,6 +86,8 @@ class GatewayOptions:
     upstream_file: str | None = None  # @FILE: its absolute path (the pool re-reads it on change)
     replica_policy: str = "sticky"
     replica_max_inflight: int = 0  # 0: no limit
+    announce: str | None = None  # a runner's loopback URL told of each arriving call (announce.py); None: off
+    announce_hold: float = 0.0  # 0: the call goes on at once; > 0: it waits for the runner's answer this long
 
     @property
     def replicas(self) -> tuple[str, ...]:
@@ -150,6 +153,15 @@ OPTIONS: tuple[Option, ...] = (
     Option("polar_hold_timeout", str, "120",
            "A hold of generation (POST /admin/hold) ends by itself after this many seconds without a release.",
            "a positive number of seconds"),
+    Option("polar_announce", Optional[str], None,
+           "A rollout runner's loopback URL (http://127.0.0.1:PORT/...) told of every arriving generation call (its "
+           "session and call id, with the control token) so it can snapshot the sample's workspace "
+           "(polar-rollout --turn-states); unset: off.",
+           "an http URL on 127.0.0.1 or [::1] with a port, or unset"),
+    Option("polar_announce_hold", str, "0",
+           "With polar_announce: 0 = the call goes on at once (async); N > 0 = the call waits for the runner's "
+           "answer at most N seconds, then goes on (hold).",
+           "a number of seconds, 0 or more"),
     Option("polar_replica_policy", str, "sticky",
            "Several replicas: sticky (a session stays on its replica, chosen by rendezvous hashing of its id) or "
            "round_robin (for comparison).", "sticky or round_robin"),
@@ -286,6 +298,8 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
     control_token = _name("polar_control_token", v["polar_control_token"],
                           lambda s: bool(s.strip()) and s.isprintable() and s == s.strip())
     hold_timeout = _number("polar_hold_timeout", v["polar_hold_timeout"])
+    announce = _name("polar_announce", v["polar_announce"], loopback_url)
+    announce_hold = _number("polar_announce_hold", v["polar_announce_hold"], zero_ok=True)
     replica_policy = _choice("polar_replica_policy", v["polar_replica_policy"], ("sticky", "round_robin"))
     max_inflight = _number("polar_replica_max_inflight", v["polar_replica_max_inflight"], zero_ok=True)
     if max_inflight != int(max_inflight):
@@ -301,7 +315,7 @@ def parse_options(values: Mapping[str, Any]) -> GatewayOptions:
         exact=v["polar_exact"], exact_cache_bytes=int(cache_mb * 1024 * 1024), divert=v["polar_divert"],
         other_hosts=other_hosts, base_url=base_url, control_token=control_token, hold_timeout=hold_timeout,
         upstreams=upstreams, upstream_file=upstream_file, replica_policy=replica_policy,
-        replica_max_inflight=int(max_inflight),
+        replica_max_inflight=int(max_inflight), announce=announce, announce_hold=announce_hold,
     )
 
 
