@@ -81,7 +81,7 @@ def npm_dir(given: str | None = None) -> Path | None:
 
 
 def images_dir() -> Path:
-    """Image exports and the sandbox runtime (rollout/environments.py, rollout/runtime.py): $POLAR_IMAGES_DIR, else the
+    """Image exports and the sandbox runtime (rollout/images/environments.py, rollout/images/runtime.py): $POLAR_IMAGES_DIR, else the
     checkout's .cache/images, else ~/.cache/polar/images."""
     if os.environ.get("POLAR_IMAGES_DIR"):
         return Path(os.environ["POLAR_IMAGES_DIR"]).expanduser()

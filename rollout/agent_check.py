@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from polar.launch import paths
-from polar.rollout import agents as agentlib
+from polar.rollout import clis as agentlib
 from polar.rollout.common import UsageError
 
 # The official SDKs a python: agent may import, and the extra that brings them.
@@ -70,8 +70,10 @@ def _source_of(module: str, agent_dirs: list[Path | None]) -> str | None:
     return spec.origin if spec is not None else None
 
 
-def check_python(target: str, agent_dirs: list[Path | None]) -> None:
+def check_python(target: str, agent_dirs: list[Path | None], shown: str | None = None) -> None:
+    """`shown` is the target the user typed, when `target` is where a module it names took FUNC from."""
     module, _, func = target.partition(":")
+    target = shown or target
     origin = _source_of(module, agent_dirs)
     dirs = [str(d) for d in agent_dirs if d is not None]
     if origin is None or origin in ("built-in", "frozen"):
@@ -94,6 +96,10 @@ def check_python(target: str, agent_dirs: list[Path | None]) -> None:
     if head not in _top_level_names(tree):
         raise UsageError(f"--agent python:{target}: {origin} defines no {head!r} at its top level; name a function "
                          f"it defines (python:{module}:FUNC)")
+    home = _imported_from(tree, head)
+    if home is not None and shown is None:  # a name users type that takes FUNC from its home: the home is the agent
+        check_python(f"{home}:{func}", agent_dirs, shown=target)
+        return
     for sdk, extra in SDK_MODULES.items():
         if _imports(tree, sdk) and not _importable(sdk):
             pip = f"pip install 'polar-gateway[{extra}]'"
@@ -117,6 +123,15 @@ def _top_level_names(tree: ast.Module) -> set[str]:
                                                            *[n for h in getattr(node, "handlers", []) for n in h.body]],
                                                      type_ignores=[])))
     return names
+
+
+def _imported_from(tree: ast.Module, name: str) -> str | None:
+    """The module a top-level `from MODULE import name` takes `name` from (absolute imports only), else None."""
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                any((a.asname or a.name) == name and a.name == name for a in node.names):
+            return node.module
+    return None
 
 
 def _imports(tree: ast.Module, module: str) -> bool:

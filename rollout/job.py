@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from polar.rollout import agents as agentlib
+from polar.rollout import clis as agentlib
 from polar.rollout.common import PREFLIGHT, UsageError, session_of
 
 
@@ -54,10 +54,10 @@ class SampleContext:
     npm_dir: str
     agent_timeout: float | None
     verify_timeout: float | None
-    warm: bool = False  # --warm-agents: the python: agent runs in a warm slot (rollout/warm.py)
+    warm: bool = False  # --warm-agents: the python: agent runs in a warm slot (rollout/sandbox/warm.py)
     connect: str = "proxy"  # --connect: proxy | base-url
-    envs: dict[str, Any] | None = None  # task id → TaskEnv (rollout/environments.py); None: every task in the host view
-    runtime: Any = None  # the sandbox runtime (rollout/runtime.py's Runtime) when a task runs in an image
+    envs: dict[str, Any] | None = None  # task id → TaskEnv (rollout/images/environments.py); None: every task in the host view
+    runtime: Any = None  # the sandbox runtime (rollout/images/runtime.py's Runtime) when a task runs in an image
 
 
 @dataclass

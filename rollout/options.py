@@ -1,6 +1,6 @@
 """The run's options (polar-rollout's command line as one object), which of them are the run's identity and which a
 resumed run takes from run.json, and their checks; polar-rollout's parser (`parser`) and the Options it gives
-(`options`), which rollout/cli.py and the serve's requests (rollout/serve.py) both parse with."""
+(`options`), which rollout/cli.py and the serve's requests (rollout/serve/server.py) both parse with."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import os
 from dataclasses import dataclass, field
 
 from polar.records.cliargs import OneLineParser, positive_int
-from polar.rollout import agents as agentlib
+from polar.rollout import clis as agentlib
 from polar.rollout.common import UsageError
 from polar.rollout.job import AgentSpec
+from polar.rollout.sandbox import registry
 
 
 @dataclass
@@ -42,9 +43,9 @@ class Options:
     progress: bool | None = None
     confdir: str | None = None  # None: polar.launch.paths.confdir (outside a checkout, $POLAR_CONFDIR)
     npm_dir: str | None = None  # None: polar.launch.paths.npm_dir (outside a checkout, $POLAR_NPM_DIR)
-    warm_agents: bool = False  # python: agents in bwrap run in warm slots (rollout/warm.py)
+    warm_agents: bool = False  # python: agents in bwrap run in warm slots (rollout/sandbox/warm.py)
     connect: str = "proxy"  # how agents reach the gateway: proxy (HTTPS_PROXY) or base-url (their base URL)
-    image_map: list[str] = field(default_factory=list)  # --image-map REF=LOCAL / @FILE (rollout/image_refs.py)
+    image_map: list[str] = field(default_factory=list)  # --image-map REF=LOCAL / @FILE (rollout/images/refs.py)
     build_network: str | None = None  # None: none (or the resumed run's); host lets RUN steps reach the registries
 
 
@@ -75,14 +76,15 @@ def check_options(o: Options) -> AgentSpec:
         v = getattr(o, name)
         if v is not None and not (math.isfinite(v) and v > 0):
             raise UsageError(f"--{name.replace('_', '-')} must be a positive number of seconds (got {v})")
-    if o.sandbox not in ("bwrap", "docker", "none"):
-        raise UsageError(f"--sandbox must be bwrap, docker or none (got {o.sandbox})")
-    if o.image and o.sandbox == "none":
+    if o.sandbox not in registry.kinds():
+        raise UsageError(f"--sandbox must be {registry.names()} (got {o.sandbox})")
+    box = registry.get(o.sandbox)
+    if o.image and not box.runs_images:
         raise UsageError("--image runs every task in that image: it needs --sandbox docker or --sandbox bwrap")
     o.build_network = o.build_network or "none"
     if o.build_network not in ("none", "host"):
         raise UsageError(f"--build-network must be none or host (got {o.build_network})")
-    if o.warm_agents and (o.sandbox != "bwrap" or agent.kind != "python"):
+    if o.warm_agents and (not box.warm_slots or agent.kind != "python"):
         raise UsageError("--warm-agents applies to python: agents in --sandbox bwrap only")
     if o.warm_agents and o.engine == "ray":
         raise UsageError("--warm-agents needs --engine local (its slots live in the runner's process)")
@@ -112,7 +114,7 @@ def proxy_sets(sets: list[str], sandbox: str) -> list[str]:
     out = list(sets)
     if "polar_exact" not in names:
         out.append("polar_exact=true")
-    if sandbox != "none" and "polar_other_hosts" not in names:
+    if registry.get(sandbox).isolated and "polar_other_hosts" not in names:
         out.append("polar_other_hosts=refuse")
     return out
 
@@ -123,7 +125,7 @@ def check_proxy_sets(sets: list[str], sandbox: str) -> None:
         name, sep, value = item.partition("=")
         if not sep or not name.strip():
             raise UsageError(f"--proxy-set {item!r}: expected NAME=VALUE")
-        if name.strip() == "polar_other_hosts" and sandbox != "none" and value.strip() != "refuse":
+        if name.strip() == "polar_other_hosts" and registry.get(sandbox).isolated and value.strip() != "refuse":
             raise UsageError(f"--proxy-set {item}: sandboxed runs need polar_other_hosts=refuse (their one path "
                              f"out is the proxy, which must serve provider hosts only)")
         if name.strip() == "polar_flows":
@@ -152,7 +154,8 @@ def _environment_arguments(p: argparse.ArgumentParser) -> None:
                         "this machine reaches — and its loopback services) (default: none)")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(out_required: bool = True) -> argparse.ArgumentParser:
+    """polar-rollout's parser (`out_required=False`: the serve's, whose requests carry --out as a field)."""
     p = OneLineParser(
         prog="polar-rollout",
         description="Run K samples of an unmodified agent on each Harbor task, each in a sandbox behind the Polar "
@@ -167,12 +170,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--agent", metavar="AGENT",
                    help="claude-code | codex | gemini-cli | qwen-code | pi[:anthropic|openai|google] | "
                         "python:MODULE:FUNC (required, except with --resume)")
-    p.add_argument("--out", "-o", required=True, metavar="RUN",
+    p.add_argument("--out", "-o", required=out_required, metavar="RUN",
                    help="the run directory; absent or empty unless --resume (required)")
     p.add_argument("--samples", "-k", type=positive_int, metavar="K", help="samples per task (default: 4)")
     p.add_argument("--parallel", type=positive_int, metavar="N",
                    help=f"samples at once (default: the machine's cores, {os.cpu_count()})")
-    p.add_argument("--sandbox", choices=("bwrap", "docker", "none"),
+    p.add_argument("--sandbox", choices=registry.kinds(),
                    help="bwrap | docker | none (none: on the host, rewards not isolation-safe) (default: bwrap)")
     _environment_arguments(p)
     p.add_argument("--model", metavar="M", help="model name passed to the CLI (default: the CLI's own)")

@@ -9,17 +9,17 @@ import contextlib
 import http.client
 import json
 import ssl
-import sys
 import time
 from pathlib import Path
 from urllib.parse import quote
 
 from polar import records as rec
-from polar.rollout import agents as agentlib
+from polar.rollout import clis as agentlib
 from polar.rollout.common import CANCEL, PREFLIGHT, UsageError, now, tail
 from polar.rollout.flowwatch import FlowCounter
 from polar.rollout.job import SampleContext, SampleJob
 from polar.rollout.proxyctl import Proxy, probe_ready
+from polar.rollout.reporter import Reporter
 from polar.rollout.sample import run_sample
 
 CANARY_HOST = "api.openai.com"
@@ -89,11 +89,11 @@ def canary_sample(ctx: SampleContext, task, run_dir: Path) -> None:
                      f"agent.stderr: {err!r})")
 
 
-def run_preflight(proxy: Proxy, ctx: SampleContext, task, run_dir: Path) -> dict:
+def run_preflight(proxy: Proxy, ctx: SampleContext, task, run_dir: Path, report: Reporter) -> dict:
     """The canary call, then the canary sample on `task`; run.json's `preflight` once both passed."""
     t0 = time.monotonic()
     canary_call(proxy, f"{ctx.run_id}/{PREFLIGHT}/0")
     canary_sample(ctx, task, run_dir)
-    print(f"polar-rollout: preflight passed ({time.monotonic() - t0:.1f} s): the backend returns token ids and "
-          f"logprobs, the {ctx.sandbox} sandbox starts, the agent reaches the proxy", file=sys.stderr)
+    report.note(f"preflight passed ({time.monotonic() - t0:.1f} s): the backend returns token ids and logprobs, the "
+                f"{ctx.sandbox} sandbox starts, the agent reaches the proxy")
     return {"passed": True, "t": now(), "seconds": round(time.monotonic() - t0, 2)}

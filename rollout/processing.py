@@ -14,6 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from polar.rollout.reporter import Reporter
 
 
 def _report(out: Path) -> dict | None:
@@ -54,7 +55,7 @@ def served_vocab(upstream: str | None, timeout: float = 3.0) -> list[str]:
 
 
 def run_processor(run_dir: Path, flows: str | list[str], run_id: str, task_ids: list[str], sft_min_reward: float | None,
-                  process_opt: list[str], upstream: str | None = None) -> dict:
+                  process_opt: list[str], report: Reporter, upstream: str | None = None) -> dict:
     """polar-process over `flows` (a flow directory, or flow files), run to its end: {exit, seconds, out,
     command[, report]}. The served model's tokenizer is the report's vocabulary when `upstream` names it (a
     --process-opt=--vocab=… wins)."""
@@ -74,7 +75,7 @@ def run_processor(run_dir: Path, flows: str | list[str], run_id: str, task_ids: 
     (run_dir / "process.log").write_text(f"$ {shlex.join(cmd)}\n{proc.stdout}\n{proc.stderr}")
     for line in proc.stderr.splitlines():
         if line.strip():
-            print(line, file=sys.stderr)
+            report.line(line)
     doc = {"exit": proc.returncode, "seconds": round(time.monotonic() - t0, 2), "out": str(out), "command": cmd}
     if proc.returncode == 0:
         report = _report(out)

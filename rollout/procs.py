@@ -1,13 +1,11 @@
 """Process control for a run: whether a proxy pid is ours and alive, stopping a process group, ending every sample's
-sandbox at once (Ctrl-C), removing a dead attempt's containers, closing a dead writer's flow files."""
+sandbox at once (Ctrl-C), closing a dead writer's flow files."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
-import subprocess
 from pathlib import Path
 from typing import Iterable
 
@@ -46,22 +44,6 @@ def kill_children(spare: Iterable[int] = ()) -> None:
                     os.killpg(pid, signal.SIGKILL)
                 else:
                     os.kill(pid, signal.SIGKILL)
-
-
-def remove_containers(run_id: str) -> int:
-    """docker rm -f every container labelled polar-run=<run-id> (a dead attempt's); how many there were."""
-    exe = shutil.which("docker")
-    if not exe:
-        return 0
-    try:
-        p = subprocess.run([exe, "ps", "-aq", "--filter", f"label=polar-run={run_id}"], capture_output=True,
-                           text=True, timeout=30, stdin=subprocess.DEVNULL)
-        ids = p.stdout.split() if p.returncode == 0 else []
-        if ids:
-            subprocess.run([exe, "rm", "-f", *ids], capture_output=True, timeout=60, stdin=subprocess.DEVNULL)
-        return len(ids)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
 
 
 def close_dead_writers(flows: Path) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,6 +13,8 @@ from polar.launch import proxy as launch_proxy
 from polar.launch.runfiles import ProxyRunFile, RunFileError, read_vllm
 from polar.rollout.common import UsageError
 from polar.rollout.procs import is_our_proxy, stop_process_group
+from polar.rollout.reporter import Reporter
+from polar.rollout.sandbox import registry
 
 
 @dataclass
@@ -32,7 +33,8 @@ class Proxy:
                 "ca_pem": self.ca_pem, "ca_bundle": self.ca_bundle}
 
 
-def start_proxy(run_dir: Path, upstream: str, sets: list[str], confdir: str | None = None) -> Proxy:
+def start_proxy(run_dir: Path, upstream: str, sets: list[str], confdir: str | None = None,
+                report: Reporter | None = None) -> Proxy:
     """The runner's own proxy: run file, logs and CA bundle in RUN/proxy, flows in RUN/flows. It is a child of this
     process (in its own process group), so `kill_children` must spare it; it is tied to the calling thread, so a
     SIGKILLed runner or serve leaves no proxy behind (SIGTERM: its open flow files are closed whole)."""
@@ -44,7 +46,7 @@ def start_proxy(run_dir: Path, upstream: str, sets: list[str], confdir: str | No
         lines = [ln for ln in str(exc).splitlines() if ln.strip()]
         raise UsageError(f"the proxy did not start ({' | '.join(lines[-3:]) or f'exit {exc.code}'})") from None
     for line in started.notes:
-        print(f"polar-rollout: {line.lstrip('# ')}", file=sys.stderr)
+        (report or Reporter()).note(line.lstrip("# "))
     s = started.state
     return Proxy(port=s.port, ca_pem=s.ca_pem, ca_bundle=s.ca_bundle, flows=s.flows, own=True, pid=s.pid,
                  run_dir=str(pdir))
@@ -87,10 +89,10 @@ def describe(proxy: Proxy) -> dict:
             "version": info.get("version"), "upstream": info.get("upstream")}
 
 
-def attach(o, run_dir: Path) -> tuple[Proxy, str | None]:
+def attach(o, run_dir: Path, report: Reporter | None = None) -> tuple[Proxy, str | None]:
     """(the run's proxy, the run file it was read from): its own (--upstream), a running one (--proxy-json), or
     the run dir's proxy.json, else an own one on vllm.json's upstream. `o` is the run's Options."""
-    boxed = o.sandbox != "none"
+    boxed = registry.get(o.sandbox).isolated
     upstream, proxy_json = o.upstream, o.proxy_json
     if not upstream and not proxy_json:
         default, vllm = paths.proxy_run_file(), paths.vllm_run_file()
@@ -105,7 +107,7 @@ def attach(o, run_dir: Path) -> tuple[Proxy, str | None]:
     if upstream:
         from polar.rollout.options import proxy_sets
 
-        proxy = start_proxy(run_dir, upstream, proxy_sets(o.proxy_set, o.sandbox), o.confdir)
+        proxy = start_proxy(run_dir, upstream, proxy_sets(o.proxy_set, o.sandbox), o.confdir, report)
     else:
         proxy = external_proxy(Path(proxy_json))
     return proxy, proxy_json

@@ -6,7 +6,6 @@ ones with retries left, each at an attempt past every one seen."""
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 from polar.launch import paths, runfiles
@@ -16,7 +15,9 @@ from polar.rollout.flowwatch import flow_counter
 from polar.rollout.job import SampleJob
 from polar.rollout.ledger import ResultRow, Results
 from polar.rollout.options import REUSED, Options
-from polar.rollout.procs import close_dead_writers, is_our_proxy, remove_containers, stop_process_group
+from polar.rollout.procs import close_dead_writers, is_our_proxy, stop_process_group
+from polar.rollout.reporter import Reporter
+from polar.rollout.sandbox import registry
 
 
 def merge_resume(o: Options, prev: dict) -> None:
@@ -62,10 +63,9 @@ def _stop_previous(run_doc: dict, sandbox: str, run_dir: Path) -> list[str]:
         notes.append(f"stopped the previous attempt's proxy (pid {prev['pid']}, port {prev.get('port')})")
         if prev.get("run_dir"):
             runfiles.remove(paths.proxy_run_file(prev["run_dir"]))
-    if sandbox == "docker":
-        n = remove_containers(run_doc["run_id"])
-        if n:
-            notes.append(f"removed {n} container(s) labelled polar-run={run_doc['run_id']}")
+    n = registry.get(sandbox).cleanup(run_doc["run_id"])
+    if n:
+        notes.append(f"removed {n} container(s) labelled polar-run={run_doc['run_id']}")
     closed = close_dead_writers(run_dir / "flows")
     if closed:
         notes.append(f"closed {len(closed)} flow file(s) of a dead writer")
@@ -101,26 +101,27 @@ def _mark_unfinished(results: Results, run_doc: dict, run_dir: Path) -> list[str
     return notes
 
 
-def clean_dead_attempt(run_dir: Path, run_doc: dict, sandbox: str, results: Results) -> None:
+def clean_dead_attempt(run_dir: Path, run_doc: dict, sandbox: str, results: Results, report: Reporter) -> None:
     """--resume: clean up after the previous attempt of the run (see the module docstring) and forget its scratch
     directories; each thing done is one line on stderr."""
     notes = _stop_previous(run_doc, sandbox, run_dir)
     results.read()
     if results.torn:
-        print(f"polar-rollout: warning: {results.torn}", file=sys.stderr)
+        report.warn(results.torn)
     results.repair()
     notes += _mark_unfinished(results, run_doc, run_dir)
     shutil.rmtree(run_dir / ".work", ignore_errors=True)
     for note in notes:
-        print(f"polar-rollout: resume: {note}", file=sys.stderr)
+        report.note(f"resume: {note}")
 
 
-def plan(results: Results, tasks: list, samples: int, retry_infra: int, run_dir: Path) -> tuple[list[SampleJob], int]:
+def plan(results: Results, tasks: list, samples: int, retry_infra: int, run_dir: Path,
+         report: Reporter) -> tuple[list[SampleJob], int]:
     """(the attempts to run, the samples already done): samples with no line, `cancelled` ones, `infra_error` ones
     with retries left."""
     lines = results.read()
     if results.torn:
-        print(f"polar-rollout: warning: {results.torn}", file=sys.stderr)
+        report.warn(results.torn)
         results.repair()
     latest = latest_by_sample(lines)
     infra: dict[tuple[str, int], int] = {}

@@ -6,7 +6,7 @@ One run lives in one directory RUN:
     RUN/results.jsonl     one line per attempt, appended as it ends (RESULT_FIELDS); a sample's latest line decides
     RUN/rewards.jsonl     polar-process's rewards, rewritten from results.jsonl just before processing
     RUN/samples/<task>/<k>/<attempt>/{agent.stdout, agent.stderr, final.diff, verifier/, verifier.log, sample.json}
-    RUN/builds/<task>.log the image build of a task whose environment is a Dockerfile (rollout/environments.py)
+    RUN/builds/<task>.log the image build of a task whose environment is a Dockerfile (rollout/images/environments.py)
     RUN/flows/            the flow records of the proxy the runner started (--upstream)
     RUN/out/              polar-process's outputs (one --session-prefix per task: preflight sessions left out)
     RUN/summary.json      the end-of-run summary (statuses, rewards, whether the rewards are isolation-safe)
@@ -44,7 +44,9 @@ from pathlib import Path
 
 from polar.launch import paths
 from polar.records.results import latest_by_sample
-from polar.rollout import control, proxyctl, resume
+from polar.rollout import proxyctl, resume
+from polar.rollout.reporter import Reporter
+from polar.rollout.sandbox import control, registry
 from polar.rollout.common import CANCEL, PREFLIGHT, VERSION, UsageError, lock_dir, now, read_json, write_json
 from polar.rollout.job import AgentSpec, SampleContext, SampleJob
 from polar.rollout.ledger import Results, write_rewards
@@ -60,14 +62,16 @@ RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
 class Runner:
-    def __init__(self, opts: Options):
+    def __init__(self, opts: Options, report: Reporter | None = None):
         self.opts = opts
+        self.report = report or Reporter()  # every line the run tells its user goes through it
         self.run_dir = Path(os.path.abspath(opts.out))
         self.results = Results(self.run_dir / "results.jsonl")
         self.proxy: Proxy | None = None
         self.run_doc: dict = {}
         self.tasks: list = []
         self.agent: AgentSpec | None = None
+        self.box = None  # the sandbox backend (rollout/sandbox/registry.py), once the options are checked
         self._lock_fd: int | None = None
         self.cancelled = False
         self.slots = None  # polar-rollout serve: the sample slots every run it serves shares (schedule.Plan)
@@ -85,7 +89,7 @@ class Runner:
         try:
             return self._run()
         except UsageError as exc:
-            print(f"polar-rollout: error: {exc}", file=sys.stderr)
+            self.report.error(str(exc))
             refused = True
             return 2
         finally:
@@ -116,13 +120,13 @@ class Runner:
         self._open_proxy()
         self._preflight()
         jobs, done_before = resume.plan(self.results, self.tasks, self.opts.samples, self.opts.retry_infra,
-                                        self.run_dir)
+                                        self.run_dir, self.report)
         progress = self._progress(jobs, done_before)
         if jobs:
             o = self.opts
-            print(f"polar-rollout: run {self.run_doc['run_id']}: {len(jobs)} sample(s) to run of {progress.total} "
-                  f"({len(self.tasks)} task(s) × {o.samples}), agent {self.agent.text}, sandbox {o.sandbox}, "
-                  f"--parallel {o.parallel}, engine {o.engine}", file=sys.stderr)
+            self.report.note(f"run {self.run_doc['run_id']}: {len(jobs)} sample(s) to run of {progress.total} "
+                             f"({len(self.tasks)} task(s) × {o.samples}), agent {self.agent.text}, sandbox "
+                             f"{o.sandbox}, --parallel {o.parallel}, engine {o.engine}")
             plan = Plan(jobs, o.parallel, o.retry_infra, o.engine, o.ray_address, slots=self.slots)
             ctx = self._context()
             self._sampling = True
@@ -132,18 +136,17 @@ class Runner:
         lines = self.results.read()
         write_rewards(self.run_dir / "rewards.jsonl", lines)
         if self.cancelled:
-            print(f"polar-rollout: cancelled; results and records kept in {self.run_dir} (continue with --resume)",
-                  file=sys.stderr)
-            return summarize(self._shape(), lines, None, True)
+            self.report.note(f"cancelled; results and records kept in {self.run_dir} (continue with --resume)")
+            return summarize(self._shape(), lines, None, True, self.report)
         processed = None if self.opts.no_process else self._process()
         if processed is not None:  # what polar-train reads (exit, seconds, counts); the command stays in process.log
             self.run_doc["processed"] = {k: v for k, v in processed.items() if k != "command"}
             self._save_run_doc()
-        return summarize(self._shape(), lines, processed, False)
+        return summarize(self._shape(), lines, processed, False, self.report)
 
     def _progress(self, jobs: list[SampleJob], done_before: int) -> Progress:
         """The progress of the whole run: the samples already done (a resumed run's) counted in."""
-        progress = Progress(len(self.tasks) * self.opts.samples, self.opts.progress)
+        progress = Progress(len(self.tasks) * self.opts.samples, self.opts.progress, self.report.err)
         progress.done = done_before
         to_run = {j.key for j in jobs}
         for line in latest_by_sample(self.results.read()).values():
@@ -159,13 +162,12 @@ class Runner:
         o.sandbox = o.sandbox or "bwrap"
         o.engine = o.engine or "local"
         self.agent = check_options(o)
+        self.box = registry.get(o.sandbox)
         self._load_tasks()
         from polar.rollout.agent_check import check_agent
 
         check_agent(self.agent, [t.agent_dir for t in self.tasks], paths.npm_dir(o.npm_dir))
-        from polar.rollout import sandbox as sb
-
-        why = sb.available(o.sandbox)
+        why = registry.available(o.sandbox)
         if why:
             raise UsageError(f"--sandbox {o.sandbox}: {why}")
         if o.resume:
@@ -175,15 +177,15 @@ class Runner:
         self._lock()
         removed, killed = control.sweep_stale_controls()
         if removed:
-            print(f"polar-rollout: removed {removed} sandbox control dir(s) of dead runs"
-                  + (f", killed {killed} process(es) their agents left" if killed else ""), file=sys.stderr)
+            self.report.note(f"removed {removed} sandbox control dir(s) of dead runs"
+                             + (f", killed {killed} process(es) their agents left" if killed else ""))
         if o.resume:
-            resume.clean_dead_attempt(self.run_dir, self.run_doc, o.sandbox, self.results)
+            resume.clean_dead_attempt(self.run_dir, self.run_doc, o.sandbox, self.results, self.report)
         else:
             self.run_doc = {"version": VERSION, "run_id": self._new_run_id(), "created": now()}
         self.run_doc.update(
             tasks=[t.id for t in self.tasks], task_paths={t.id: str(t.path) for t in self.tasks},
-            agent=o.agent, samples=o.samples, sandbox=o.sandbox, isolation_safe=o.sandbox != "none",
+            agent=o.agent, samples=o.samples, sandbox=o.sandbox, isolation_safe=self.box.isolated,
             options={k: getattr(o, k) for k in REUSED}, runner_pid=os.getpid(), updated=now())
         self.run_doc.setdefault("preflight", None)
         self._save_run_doc()
@@ -216,15 +218,15 @@ class Runner:
             if t.id == PREFLIGHT:
                 raise UsageError(f"task {t.id} ({t.path}): the id {PREFLIGHT!r} is reserved for the runner's "
                                  f"preflight sessions; rename the directory")
-        if self.agent.kind == "python" and o.sandbox != "none" and sys.prefix == sys.base_prefix:
+        if self.agent.kind == "python" and self.box.isolated and sys.prefix == sys.base_prefix:
             raise UsageError("python: agents run with the runner's virtual environment, and this interpreter is not "
                              "in one; run polar-rollout from .venv")
 
     def _environments(self) -> None:
-        """Each task's image, before the proxy opens (rollout/environments.py); run.json records them, and a resumed
+        """Each task's image, before the proxy opens (rollout/images/environments.py); run.json records them, and a resumed
         run whose images changed is refused."""
-        from polar.rollout import environments as envlib
-        from polar.rollout.image_refs import ImageError, parse_image_map
+        from polar.rollout.images import environments as envlib
+        from polar.rollout.images.refs import ImageError, parse_image_map
 
         o = self.opts
         try:
@@ -235,15 +237,15 @@ class Runner:
             return
         harbor_open = [t.id for t in self.tasks if t.image_task and t.allow_internet is not False]
         if harbor_open:
-            print(f"polar-rollout: {len(harbor_open)} task(s) allow the internet under Harbor (allow_internet, whose "
-                  f"default is true); here a sandbox reaches the proxy and nothing else", file=sys.stderr)
+            self.report.note(f"{len(harbor_open)} task(s) allow the internet under Harbor (allow_internet, whose "
+                             f"default is true); here a sandbox reaches the proxy and nothing else")
         self.envs = envlib.prepare(self.tasks, envlib.PhaseOptions(
             image=o.image, image_map=image_map, build_network=o.build_network, sandbox=o.sandbox,
-            builds_dir=self.run_dir / "builds"))
+            builds_dir=self.run_dir / "builds"), log=self.report.note)
         for env in self.envs.values():
             if env.substitutions and not env.error:
-                print(f"polar-rollout: task {env.task}: runs on a substituted base "
-                      f"({', '.join(f'{a} → {b}' for a, b in env.substitutions)})", file=sys.stderr)
+                self.report.note(f"task {env.task}: runs on a substituted base "
+                                 f"({', '.join(f'{a} → {b}' for a, b in env.substitutions)})")
         previous = self.run_doc.get("environments") if o.resume else None
         if previous:
             changed = [f"{tid} ({doc.get('image_id')} → {self.envs[tid].image_id})" for tid, doc in previous.items()
@@ -262,7 +264,7 @@ class Runner:
     def _build_runtime(self):
         import shutil
 
-        from polar.rollout import runtime as rtlib
+        from polar.rollout.images import runtime as rtlib
 
         python = Path(os.path.realpath(Path(sys.prefix) / "bin" / "python"))
         node = shutil.which("node") if self.agent.kind == "cli" else None
@@ -289,8 +291,8 @@ class Runner:
 
     # -- the proxy, the samples' context ---------------------------------------------------------------------------
     def _open_proxy(self) -> None:
-        self.proxy, proxy_json = proxyctl.attach(self.opts, self.run_dir)
-        proxyctl.check_ready(self.proxy, self.opts.sandbox != "none", proxy_json)
+        self.proxy, proxy_json = proxyctl.attach(self.opts, self.run_dir, self.report)
+        proxyctl.check_ready(self.proxy, self.box.isolated, proxy_json)
         self.run_doc["proxy"] = proxyctl.describe(self.proxy)
         self._save_run_doc()
 
@@ -298,7 +300,7 @@ class Runner:
         o, p = self.opts, self.proxy
         assert p is not None and self.agent is not None
         npm = paths.npm_dir(o.npm_dir)
-        if npm is None and self.agent.kind != "python" and o.sandbox != "none":  # the sandbox mounts it
+        if npm is None and self.agent.kind != "python" and self.box.isolated:  # the sandbox mounts it
             raise UsageError(f"--agent {o.agent}: {paths.missing('npm_dir')}")
         return SampleContext(
             run_id=self.run_doc["run_id"], run_dir=str(self.run_dir), agent=self.agent, sandbox=o.sandbox,
@@ -312,11 +314,12 @@ class Runner:
         prev = self.run_doc.get("preflight")
         if self.opts.skip_preflight:
             if not (isinstance(prev, dict) and prev.get("passed")):
-                print("polar-rollout: warning: --skip-preflight: no preflight has passed in this RUN; the backend's "
-                      "token ids and the sandbox are not checked", file=sys.stderr)
+                self.report.warn("--skip-preflight: no preflight has passed in this RUN; the backend's token ids and "
+                                 "the sandbox are not checked")
             return
         assert self.proxy is not None
-        self.run_doc["preflight"] = run_preflight(self.proxy, self._context(), self.tasks[0], self.run_dir)
+        self.run_doc["preflight"] = run_preflight(self.proxy, self._context(), self.tasks[0], self.run_dir,
+                                                 self.report)
         self._save_run_doc()
 
     # -- after the samples ------------------------------------------------------------------------------------------
@@ -324,7 +327,7 @@ class Runner:
         o, p = self.opts, self.proxy
         assert p is not None
         return run_processor(self.run_dir, p.flows, self.run_doc["run_id"], [t.id for t in self.tasks],
-                             o.sft_min_reward, o.process_opt, upstream=p.info.get("upstream"))
+                             o.sft_min_reward, o.process_opt, self.report, upstream=p.info.get("upstream"))
 
     def _shape(self) -> RunShape:
         o = self.opts
@@ -332,6 +335,6 @@ class Runner:
                         samples=o.samples, agent=self.agent.text, sandbox=o.sandbox, no_process=o.no_process)
 
 
-def main(opts: Options) -> int:
+def main(opts: Options, report: Reporter | None = None) -> int:
     CANCEL.clear()
-    return Runner(opts).run()
+    return Runner(opts, report).run()

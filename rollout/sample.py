@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from polar.rollout import flowwatch
-from polar.rollout.agentcmd import agent_command, task_env
 from polar.rollout.common import CANCEL, Cancelled, group_of, now, write_json
 from polar.rollout.job import SampleContext, SampleJob, job_paths
-from polar.rollout.environments import image_fields
 from polar.rollout.ledger import ResultRow
+from polar.rollout.sandbox.base import SandboxError
+from polar.rollout.sandbox.run import run_sandboxed
+from polar.rollout.specs import agent_spec, task_env
 from polar.rollout.proxyctl import probe_ready
 from polar.rollout.treediff import tree_diff
 from polar.rollout.verify import run_verifier
@@ -36,7 +37,7 @@ def _copy_tree(src: Path | None, dst: Path) -> None:
 
 def start_state(ctx: SampleContext, job: SampleJob) -> Path | None:
     """The directory a sample's working directory starts as a copy of: environment/workdir/ in the host view (or
-    with --image), the image's WORKDIR files in an image (rollout/environments.py); None: empty."""
+    with --image), the image's WORKDIR files in an image (rollout/images/environments.py); None: empty."""
     if job.canary:
         return None
     tenv = task_env(ctx, job)
@@ -88,8 +89,6 @@ class _Attempt:
 
     def run(self) -> None:
         """Setup, the agent, its counts, final.diff, then the verifier when the status asks for one."""
-        from polar.rollout import sandbox as sb
-
         ctx, job, result = self.ctx, self.job, self.result
         self.sample_dir.mkdir(parents=True, exist_ok=True)
         tenv = None if job.canary else task_env(ctx, job)
@@ -100,20 +99,16 @@ class _Attempt:
                 return
         _check_cancel()
         app, home = _fresh_dirs(ctx, job, self.work)
-        argv, env, mounts, control_files = agent_command(ctx, job, self.session, app, home,
-                                                         CANARY_INSTRUCTION if job.canary else job.task.instruction)
+        spec, (argv, env, mounts, _) = agent_spec(ctx, job, self.session, app, home,
+                                                  CANARY_INSTRUCTION if job.canary else job.task.instruction)
         timeout = _agent_timeout(ctx, job)
-        spec = sb.SandboxSpec(kind=ctx.sandbox, app=app, home=home, mounts=mounts, env=env,
-                              proxy_port=ctx.proxy_port, session=self.session, memory_mb=job.task.memory_mb,
-                              cpus=job.task.cpus, label=ctx.run_id, control_files=control_files,
-                              **{"image": ctx.image, **image_fields(ctx, tenv, job.task)})
         self.detail["agent"] = {"argv": argv, "env": _shown_env(env),
                                 "mounts": [[str(m.host), m.inside, m.writable] for m in mounts], "timeout_s": timeout}
         self.lap("setup")
         _check_cancel()
-        run = sb.run_sandboxed
+        run = run_sandboxed
         if ctx.warm and not job.canary and not spec.image_mode:
-            from polar.rollout.warm import run_warm as run
+            from polar.rollout.sandbox.warm import run_warm as run
             self.detail["agent"]["warm"] = True
         try:
             res = run(spec, argv, stdout=self.sample_dir / "agent.stdout", stderr=self.sample_dir / "agent.stderr",
@@ -169,14 +164,12 @@ def _check_cancel() -> None:
 
 def run_sample(ctx: SampleContext, job: SampleJob) -> ResultRow:
     """One attempt of one sample, start to end: setup, agent, verifier, teardown. Never raises: the result row."""
-    from polar.rollout import sandbox as sb
-
     attempt = _Attempt(ctx, job)
     try:
         attempt.run()
     except Cancelled:
         attempt.cancelled()
-    except sb.SandboxError as exc:
+    except SandboxError as exc:
         attempt.fail("infra_error", f"sandbox: {exc}")
     except Exception as exc:  # noqa: BLE001 — a runner bug must not take the run down: infra, with the traceback
         attempt.fail("infra_error", f"runner: {type(exc).__name__}: {exc}")

@@ -16,9 +16,10 @@ from polar.launch import proxy as launch_proxy
 from polar.rollout.common import CANCEL, UsageError
 from polar.rollout.job import SampleContext, SampleJob
 from polar.rollout.ledger import ResultRow, Results
-from polar.rollout.procs import kill_children, remove_containers
+from polar.rollout.procs import kill_children
 from polar.rollout.progress import Progress
 from polar.rollout.sample import failed_row, run_sample
+from polar.rollout.sandbox import registry
 
 
 @dataclass
@@ -170,8 +171,7 @@ def _ray_sample(ctx: SampleContext, job: SampleJob) -> ResultRow:
 
 def _cancel_sandboxes(ctx: SampleContext) -> None:
     kill_children(spare=launch_proxy.started_pids())
-    if ctx.sandbox == "docker":
-        remove_containers(ctx.run_id)
+    registry.get(ctx.sandbox).cleanup(ctx.run_id)  # what outlives its process group (docker's containers)
 
 
 def _install_cancel_handlers():

@@ -9,6 +9,8 @@ from pathlib import Path
 from polar.records.results import latest_by_sample
 from polar.rollout.common import write_json
 from polar.rollout.ledger import REWARDED, STATUSES
+from polar.rollout.reporter import Reporter
+from polar.rollout.sandbox import registry
 
 NONE_WARNING = ("--sandbox none: the rewards are not isolation-safe (the agent ran on the host: it could read the "
                 "tests and the solution and write anywhere)")
@@ -50,10 +52,10 @@ def summary_doc(shape: RunShape, lines: list[dict], processed: dict | None, canc
     mean = sum(ln["reward"] for ln in rewarded) / len(rewarded) if rewarded else None
     doc = {"run_id": shape.run_id, "samples": len(shape.task_ids) * shape.samples, "finished": len(latest),
            "attempts": len(lines), "statuses": statuses, "rewarded": len(rewarded), "mean_reward": mean,
-           "per_task": per_task, "sandbox": shape.sandbox, "isolation_safe": shape.sandbox != "none",
+           "per_task": per_task, "sandbox": shape.sandbox, "isolation_safe": registry.get(shape.sandbox).isolated,
            "processed": processed, "exit_code": exit_code(cancelled, processed, len(rewarded)),
            "cancelled": cancelled}
-    if shape.sandbox == "none":
+    if not doc["isolation_safe"]:
         doc["warning"] = NONE_WARNING
     return doc
 
@@ -94,9 +96,9 @@ def summary_lines(shape: RunShape, doc: dict) -> list[str]:
     return out
 
 
-def summarize(shape: RunShape, lines: list[dict], processed: dict | None, cancelled: bool) -> int:
+def summarize(shape: RunShape, lines: list[dict], processed: dict | None, cancelled: bool, report: Reporter) -> int:
     """summary.json written, its lines printed; the run's exit code."""
     doc = summary_doc(shape, lines, processed, cancelled)
     write_json(shape.run_dir / "summary.json", doc)
-    print("\n".join(summary_lines(shape, doc)))
+    report.summary(summary_lines(shape, doc))
     return doc["exit_code"]

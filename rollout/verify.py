@@ -7,7 +7,7 @@ environment. How this differs from Harbor, which runs test.sh in the agent's own
 read-only for the agent here, so the only state the agent leaves is its working directory (and nothing it wrote to
 /tmp or HOME reaches the verifier).
 
-No sandbox has a network; the verifier's proxy variables point at a tripwire (rollout/sandbox.py). A verifier that
+No sandbox has a network; the verifier's proxy variables point at a tripwire (rollout/sandbox/run.py). A verifier that
 tried the network (a connection to the tripwire, or a resolver or connect failure in its log) ends as
 `verifier_error` naming the network — whatever reward it wrote, since a test that could not fetch what it needs says
 nothing of the agent's work.
@@ -24,12 +24,13 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from polar.rollout.agentcmd import IN_TESTS, IN_VERIFIER, RUNTIME_INSIDE, SANDBOX_PATH, base_env, host_env, task_env
 from polar.rollout.common import CANCEL, Cancelled, tail
-from polar.rollout.environments import image_fields
 from polar.rollout.job import SampleContext, SampleJob
+from polar.rollout.sandbox import base as sb
+from polar.rollout.sandbox import registry
+from polar.rollout.sandbox.run import run_sandboxed
+from polar.rollout.specs import verifier_spec
 
-DEFAULT_VERIFY_TIMEOUT = 600.0
 # what resolvers and clients print when there is no network (pip, uv, curl, apt, python, node)
 NETWORK_FAILURE = re.compile(r"Temporary failure in name resolution|Could not resolve host|Name or service not known|"
                              r"Network is unreachable|getaddrinfo (?:ENOTFOUND|EAI_AGAIN)|nodename nor servname|"
@@ -69,11 +70,8 @@ def read_reward(verifier_dir: Path) -> tuple[float | None, Any, str | None]:
 
 
 def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict, sample_dir: Path, work: Path, app: Path,
-            lap: Callable[[str], None]) -> None:
+                 lap: Callable[[str], None]) -> None:
     """The verifier on a fresh copy of the final /app; sets status/reward/reward_details (the status table)."""
-    from polar.rollout import sandbox as sb
-
-    boxed = ctx.sandbox != "none"
     vapp, vhome = work / "verify-app", work / "verify-home"
     shutil.copytree(app, vapp, symlinks=True)
     vhome.mkdir()
@@ -81,36 +79,16 @@ def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict,
     if vdir.exists():
         shutil.rmtree(vdir)
     vdir.mkdir()
-    if boxed and os.geteuid() == 0:
-        os.chown(vdir, sb.UID, sb.GID)  # /logs/verifier is written by uid 1000 inside
-    elif boxed:
-        os.chmod(vdir, 0o777)
-    tests = Path(job.task.tests_dir)
-    tenv = task_env(ctx, job)
-    image = boxed and tenv is not None and tenv.image_mode
-    if boxed:
-        env = base_env(ctx, job)
-        env.update({"POLAR_APP": tenv.workdir if image else sb.APP, "POLAR_TESTS": IN_TESTS,
-                    "POLAR_LOGS": IN_VERIFIER, "HOME": sb.HOME})
-        mounts = (sb.Mount(tests, IN_TESTS, False), sb.Mount(vdir, IN_VERIFIER, True))
-        if image:
-            mounts = (sb.Mount(Path(ctx.runtime.root), RUNTIME_INSIDE, False), *mounts)
-        argv = ["bash", f"{IN_TESTS}/test.sh"]
-    else:  # no mount namespace: the verifier finds its directories in these variables
-        env = host_env()
-        env.update({"POLAR_APP": str(vapp), "POLAR_TESTS": str(tests), "POLAR_LOGS": str(vdir),
-                    "PATH": os.pathsep.join([str(Path(ctx.venv) / "bin"), env.get("PATH", SANDBOX_PATH)])})
-        mounts = ()
-        argv = ["bash", str(tests / "test.sh")]
-    env.update({"POLAR_SAMPLE": str(job.k), "POLAR_TASK": job.task.id})
-    timeout = ctx.verify_timeout or job.task.verifier_timeout_sec or DEFAULT_VERIFY_TIMEOUT
-    spec = sb.SandboxSpec(kind=ctx.sandbox, app=vapp, home=vhome, mounts=mounts, env=env, proxy_port=None,
-                          session=None, memory_mb=job.task.memory_mb, cpus=job.task.cpus, label=ctx.run_id,
-                          tripwire=boxed, **{"image": ctx.image, **image_fields(ctx, tenv, job.task)})
+    if registry.get(ctx.sandbox).isolated:
+        if os.geteuid() == 0:
+            os.chown(vdir, sb.UID, sb.GID)  # /logs/verifier is written by uid 1000 inside
+        else:
+            os.chmod(vdir, 0o777)
+    spec, argv, timeout = verifier_spec(ctx, job, vapp, vhome, vdir)
     lap("setup")
     log = sample_dir / "verifier.log"
     try:
-        res = sb.run_sandboxed(spec, argv, stdout=log, stderr=sample_dir / ".verifier.stderr", timeout=timeout)
+        res = run_sandboxed(spec, argv, stdout=log, stderr=sample_dir / ".verifier.stderr", timeout=timeout)
     finally:
         lap("verify")
         _join_logs(log, sample_dir / ".verifier.stderr")

@@ -76,7 +76,8 @@ def private_dockerd():
             proc = start("vfs")
             _wait_for_dockerd(proc, host, base)
         os.environ["DOCKER_HOST"] = host
-        from polar.rollout.sandbox import DEFAULT_IMAGE, ensure_image
+        from polar.rollout.sandbox.base import DEFAULT_IMAGE
+        from polar.rollout.sandbox.docker import ensure_image
 
         ensure_image(DEFAULT_IMAGE)
         yield host
@@ -139,9 +140,9 @@ def dockerd():
 
 @pytest.fixture(scope="session")
 def images(dockerd, tmp_path_factory):
-    """The stand-in bases (rollout/standins.py, `scripts/setup --images`) loaded into the private dockerd, and the
+    """The stand-in bases (rollout/images/standins.py, `scripts/setup --images`) loaded into the private dockerd, and the
     --image-map file naming them."""
-    from polar.rollout import standins
+    from polar.rollout.images import standins
     from tests.support.need import IMAGES, need
 
     try:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from polar.rollout.compose import ComposeService, compose_service
+from polar.rollout.images.compose import ComposeService, compose_service
 from tests.rollout.test_image_refs import refused
 
 pytestmark = pytest.mark.unit

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from polar.rollout.dockerfile import Base, Rewritten, Substitution, rewrite_dockerfile
-from polar.rollout.image_refs import ImageMap
+from polar.rollout.images.dockerfile import Base, Rewritten, Substitution, rewrite_dockerfile
+from polar.rollout.images.refs import ImageMap
 from tests.rollout.test_image_refs import SHA_A, SHA_B, mapping, refused
 
 pytestmark = pytest.mark.unit

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from polar.rollout.image_refs import ImageError, ImageMap, ImageRef, parse_image_map
+from polar.rollout.images.refs import ImageError, ImageMap, ImageRef, parse_image_map
 
 pytestmark = pytest.mark.unit
 

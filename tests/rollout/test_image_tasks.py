@@ -1,8 +1,8 @@
 """Harbor tasks as published (examples/harbor: a Dockerfile FROM a digest-pinned python:3.12-slim that pip-installs
 pytest, a Dockerfile that apt-installs `tree` — which this host does not have —, a `docker_image` task), run in their
-own images through the real runner: rollout/environments.py, rollout/runtime.py, the image sandboxes.
+own images through the real runner: rollout/images/environments.py, rollout/images/runtime.py, the image sandboxes.
 
-The bases are the stand-ins `scripts/setup --images` builds (rollout/standins.py), mapped with --image-map @FILE;
+The bases are the stand-ins `scripts/setup --images` builds (rollout/images/standins.py), mapped with --image-map @FILE;
 the private dockerd (tests/rollout/conftest.py) is fresh each session, so every image is built here. Builds reach the
 package registries this machine reaches (`--build-network host`), as `scripts/setup` does; nothing else leaves it.
 
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from polar.rollout import environments as envlib
-from polar.rollout.image_refs import parse_image_map
+from polar.rollout.images import environments as envlib
+from polar.rollout.images.refs import parse_image_map
 from polar.rollout.tasks import load_tasks
 from tests.e2e.conftest import require_cli
 from tests.rollout.cli_policy import CliPolicy

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from polar.rollout.compose import compose_service
-from polar.rollout.image_refs import ImageError, ImageRef
-from polar.rollout.images import Choice, choose_environment, environment_key
+from polar.rollout.images.compose import compose_service
+from polar.rollout.images.refs import ImageError, ImageRef
+from polar.rollout.images.sources import Choice, choose_environment, environment_key
 from tests.rollout.test_dockerfile import rewrite
 from tests.rollout.test_image_refs import mapping, refused
 

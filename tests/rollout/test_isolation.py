@@ -19,7 +19,7 @@ RUN/samples/probe/<k>/0/verifier/probe.json, the scripted upstream's requests an
 - what every sample shares (the venv, the agent folder, the Python installation, /usr, /etc, /run/polar) is read-only.
 
 The same run again with the task in its own image (environment/Dockerfile FROM python:3.12-slim, the stand-in mapped
-in; rollout/environments.py): bwrap over the exported root and docker over the image itself. There the sandbox
+in; rollout/images/environments.py): bwrap over the exported root and docker over the image itself. There the sandbox
 runtime (/run/polar/rt), the agent's modules and folder (/run/polar/lib, /run/polar/agent) and the image's own system
 are what is shared and read-only, and the host's own programs (bwrap, dockerd, …) are not there at all.
 
@@ -43,8 +43,10 @@ from pathlib import Path
 import pytest
 
 from polar import records as rec
-from polar.rollout import agentcmd, sandbox
-from polar.rollout.runtime import INSIDE as RUNTIME
+from polar.rollout.sandbox import base as sandbox
+from polar.rollout.sandbox.control import CONTROL
+from polar.rollout import specs as agentcmd
+from polar.rollout.images.runtime import INSIDE as RUNTIME
 from tests.rollout.rollout_support import HERE, explain, make_task, results, rollout, rollout_env
 from tests.support.need import need_sandbox
 from tests.support.scripted_upstream import Reply
@@ -75,14 +77,14 @@ PROVIDER_PATHS = [["POST", "https://api.openai.com/reset_prefix_cache"], ["POST"
 WRITE_TARGETS = [f"{agentcmd.IN_VENV}/probe-write", f"{agentcmd.IN_VENV}/pyvenv.cfg", f"{agentcmd.IN_VENV}/bin/python",
                  f"{agentcmd.IN_AGENT_DIR}/probe-write", f"{agentcmd.IN_AGENT_DIR}/probeagent.py",
                  f"{agentcmd.IN_LIB}/polar/rollout/pyagent.py", f"{agentcmd.IN_LIB}/probe-write",
-                 f"{sandbox.CONTROL}/probe-write", f"{sandbox.CONTROL}/relay.py", f"{sys.base_prefix}/probe-write",
+                 f"{CONTROL}/probe-write", f"{CONTROL}/relay.py", f"{sys.base_prefix}/probe-write",
                  "/usr/probe-write", "/etc/probe-write", "/etc/passwd", "/probe-write"]
 # In a task's own image: the sandbox runtime, the agent's modules and folder, the control files, the image's system
 IMAGE_WRITE_TARGETS = [f"{RUNTIME}/probe-write", f"{RUNTIME}/bin/python3", f"{RUNTIME}/venv/pyvenv.cfg",
                        f"{RUNTIME}/venv/lib/python3.12/site-packages/probe-write",
                        f"{agentcmd.IMAGE_LIB}/polar/rollout/pyagent.py", f"{agentcmd.IMAGE_LIB}/probe-write",
                        f"{agentcmd.IMAGE_AGENT_DIR}/probeagent.py", f"{agentcmd.IMAGE_AGENT_DIR}/probe-write",
-                       f"{sandbox.CONTROL}/probe-write", f"{sandbox.CONTROL}/relay.py", "/usr/local/bin/python3",
+                       f"{CONTROL}/probe-write", f"{CONTROL}/relay.py", "/usr/local/bin/python3",
                        "/usr/probe-write", "/etc/probe-write", "/etc/passwd", "/probe-write"]
 # The host's own programs, which no task image holds (those this host has)
 HOST_ONLY = ("/usr/bin/bwrap", "/usr/bin/dockerd", "/usr/bin/mmdebstrap", "/usr/bin/patchelf", "/usr/bin/chromium")

@@ -1,4 +1,4 @@
-"""A served run's RUN/flows (rollout/runflows.py): hard links to the serve's flow files written since the run began,
+"""A served run's RUN/flows (rollout/serve/runflows.py): hard links to the serve's flow files written since the run began,
 one per file, their names kept across the proxy's rename.
 
 1.x  what is linked: files written since the run began, not older ones; a rename does not link a file twice
@@ -12,7 +12,7 @@ import time
 import pytest
 
 from polar import records as rec
-from polar.rollout.runflows import SLACK_S, link_flows
+from polar.rollout.serve.runflows import SLACK_S, link_flows
 
 pytestmark = pytest.mark.unit
 

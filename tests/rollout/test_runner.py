@@ -228,9 +228,9 @@ def test_2_2_bad_input_exits_2_with_one_line(tmp_path, capsys):
 
 
 def test_2_3_a_sandboxed_run_refuses_a_proxy_that_tunnels_other_hosts(tmp_path, gateway, capsys, monkeypatch):
-    from polar.rollout import sandbox
+    from polar.rollout.sandbox import registry
 
-    monkeypatch.setattr(sandbox, "available", lambda kind: None)  # the check under test comes before any sandbox
+    monkeypatch.setattr(registry, "available", lambda kind: None)  # the check under test comes before any sandbox
     tasks = tmp_path / "tasks"
     make_task(tasks, "ok", "solve")
     code, err = _cli([str(tasks), "--agent", AGENT, "--out", str(tmp_path / "run"), "--sandbox", "bwrap",

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from polar import records as rec
-from polar.rollout import agents
+from polar.rollout import clis as agents
 from polar.rollout.common import UsageError
 from polar.rollout.job import AgentSpec
 from polar.rollout.ledger import RESULT_FIELDS, Results, rewards_lines
@@ -165,7 +165,7 @@ def test_4_2_pyagent_calls_func_with_instruction_workdir_env_and_maps_its_result
 
 
 def test_4_3_cli_agents_get_run_agents_argv_and_environment():
-    """polar-rollout and scripts/run-agent share rollout/agents.py: the sandboxed claude-code run skips permissions
+    """polar-rollout and scripts/run-agent share rollout/clis.py: the sandboxed claude-code run skips permissions
     (IS_SANDBOX), every CLI gets the proxy, the CA variables and its dummy key."""
     args = agents.cli_args("claude-code", "fix it")
     argv, env = agents.build(args, {"IS_SANDBOX": "1", "ANTHROPIC_BASE_URL": "http://elsewhere"},
@@ -186,5 +186,5 @@ def test_4_4_scripts_run_agent_runs_the_shared_code():
     from tests.support.scripts import load_script
 
     ra = load_script("scripts/run-agent", "run_agent_shared_under_test")
-    assert ra.build.__module__ == "polar.rollout.agents" and ra.build.__code__.co_filename.endswith(
-        os.path.join("rollout", "agents.py"))
+    assert ra.build.__module__ == "polar.rollout.clis" and ra.build.__code__.co_filename.endswith(
+        os.path.join("rollout", "clis.py"))

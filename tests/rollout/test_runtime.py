@@ -1,4 +1,4 @@
-"""The sandbox runtime (rollout/runtime.py), for real: the prefix is built once for this module, then run under bwrap
+"""The sandbox runtime (rollout/images/runtime.py), for real: the prefix is built once for this module, then run under bwrap
 over an EMPTY root (nothing of the host but the prefix) and over a root whose loader, libc and ld.so.cache are
 decoys; then reused from the cache, raced by two builders, and refused with one-line errors."""
 
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from polar.rollout import runtime as rt
+from polar.rollout.images import runtime as rt
 from tests.support.need import CLIS, SYSTEM, need
 
 ROOT = Path(__file__).resolve().parents[2]

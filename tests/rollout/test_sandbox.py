@@ -1,4 +1,4 @@
-"""The rollout sandboxes (rollout/sandbox.py, rollout/relay.py), for real: bwrap, docker (a private dockerd, see
+"""The rollout sandboxes (rollout/sandbox/run.py, rollout/sandbox/relay.py), for real: bwrap, docker (a private dockerd, see
 conftest.py) and none where it means something. What the agent is, what it can see, what it can reach, and that
 identity, timeouts and memory limits hold."""
 
@@ -19,10 +19,12 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-from polar.rollout import sandbox as sb
-from polar.rollout.cgroup import _Cgroup
-from polar.rollout.control import CONTROL_PREFIX, OWNER_FILE, SANDBOX_VAR, _start_ticks, sweep_stale_controls
-from polar.rollout.relay import HeadError, HostRelay, basic_auth, rewrite_head
+from polar.rollout.sandbox import base as sb
+from polar.rollout.sandbox import registry, view
+from polar.rollout.sandbox.run import run_sandboxed
+from polar.rollout.sandbox.cgroup import _Cgroup
+from polar.rollout.sandbox.control import CONTROL_PREFIX, OWNER_FILE, SANDBOX_VAR, _start_ticks, sweep_stale_controls
+from polar.rollout.sandbox.relay import HeadError, HostRelay, basic_auth, rewrite_head
 from tests.support.need import BASE, SYSTEM, need
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +55,7 @@ def _kind(request, name: str) -> str:
         request.getfixturevalue("dockerd")
     elif name == "bwrap":
         need(None if shutil.which("bwrap") else "bwrap is not on PATH", setup=SYSTEM)
-    why = sb.available(name)
+    why = registry.available(name)
     if why:
         pytest.fail(f"{name} is installed but not usable: {why}")
     return name
@@ -78,7 +80,7 @@ class Sample:
                               proxy_port=fields.pop("proxy_port", None), session=fields.pop("session", self.session),
                               memory_mb=fields.pop("memory_mb", None), cpus=fields.pop("cpus", None), **fields)
         out, err = self.dir / "agent.stdout", self.dir / "agent.stderr"
-        result = sb.run_sandboxed(spec, argv, stdout=out, stderr=err, timeout=timeout)
+        result = run_sandboxed(spec, argv, stdout=out, stderr=err, timeout=timeout)
         return result, out.read_text(errors="replace"), err.read_text(errors="replace")
 
 
@@ -301,7 +303,7 @@ def test_control_dir_opens_only_once_its_socket_is_private(run_dir, fake_proxy, 
                           image=sb.DEFAULT_IMAGE, label=None)
     for d in (spec.app, spec.home):
         d.mkdir(parents=True, exist_ok=True)
-    ctl = sb._Control(spec, None)
+    ctl = view.Control(spec, registry.get(spec.kind), None)
     try:
         assert seen == [0o700] and (os.stat(ctl.dir).st_mode & 0o777) == 0o755
     finally:
@@ -310,19 +312,19 @@ def test_control_dir_opens_only_once_its_socket_is_private(run_dir, fake_proxy, 
 
 @pytest.mark.unit
 def test_available_and_prefixes():
-    assert sb.available("none") is None
-    assert "unknown sandbox" in sb.available("chroot")
+    assert registry.available("none") is None
+    assert "unknown sandbox" in registry.available("chroot")
     env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/polar-docker.sock"}
     old = os.environ.get("DOCKER_HOST")
     os.environ.update(env)
     try:
-        why = sb.available("docker")
+        why = registry.available("docker")
     finally:
         os.environ.pop("DOCKER_HOST") if old is None else os.environ.__setitem__("DOCKER_HOST", old)
     assert why and why.count("\n") == 0 and ("dockerd" in why or "docker client" in why)
     need(None if (VENV / "bin" / "python").exists() else f"{VENV}/bin/python is missing", setup=BASE)
     real = Path(os.path.realpath(VENV / "bin" / "python")).parents[1]
-    prefixes = sb.python_prefixes([VENV])
+    prefixes = view.python_prefixes([VENV])
     for p in prefixes:
         assert p not in ("/", "/root", str(Path.home())) and any((Path(p) / "bin").glob("python*"))
     if not str(real).startswith(("/usr/", "/bin/", "/lib")):
@@ -591,12 +593,13 @@ def test_memory_limit_without_a_cgroup_is_prlimit(name, request, run_dir, monkey
 RUNNER = r"""
 import sys
 from pathlib import Path
-from polar.rollout import sandbox as sb
+from polar.rollout.sandbox import base as sb
+from polar.rollout.sandbox.run import run_sandboxed
 base = Path(sys.argv[1])
 script = ("sleep 600 & c=$!; setsid sleep 600 & d=$!; "
           f"echo $$ $c $d > {base}/pids.tmp && mv {base}/pids.tmp {base}/pids; wait")
-sb.run_sandboxed(sb.SandboxSpec(kind="none", app=base / "app", home=base / "home", env={"PATH": sb.DEFAULT_PATH}),
-                 ["/bin/sh", "-c", script], stdout=base / "out", stderr=base / "err", timeout=600)
+run_sandboxed(sb.SandboxSpec(kind="none", app=base / "app", home=base / "home", env={"PATH": sb.DEFAULT_PATH}),
+              ["/bin/sh", "-c", script], stdout=base / "out", stderr=base / "err", timeout=600)
 """
 
 

@@ -278,7 +278,7 @@ def test_2_5_skip_preflight_is_the_canary_call_alone_for_every_agent(tmp_path, u
 def test_3_2_the_serve_takes_every_flag_its_clients_route_to_it():
     """serve_protocol.SERVE_FLAGS (what polar-train passes to the serve rather than to a run) are the serve's own
     flags; the switches take no value."""
-    from polar.rollout import serve
+    from polar.rollout.serve import server as serve
 
     flags = {opt: action for action in serve.parser()._actions for opt in action.option_strings}
     assert set(sp.SERVE_FLAGS) <= set(flags)

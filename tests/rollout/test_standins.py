@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from polar.rollout import standins
-from polar.rollout.image_refs import ImageRef, parse_image_map
-from polar.rollout.standins import STANDINS, StandinError
+from polar.rollout.images import standins
+from polar.rollout.images.refs import ImageRef, parse_image_map
+from polar.rollout.images.standins import STANDINS, StandinError
 from tests.support.need import IMAGES, need
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-"""--warm-agents (rollout/warm.py): python: agents in bwrap run as forks of one pre-imported interpreter per slot,
+"""--warm-agents (rollout/sandbox/warm.py): python: agents in bwrap run as forks of one pre-imported interpreter per slot,
 against the scripted upstream behind the runner's own proxy (tests/rollout/testagent.py's leave-behind mode).
 
 1.1  one slot runs every sample: the agent finds openai imported and the same zygote each time; nothing a sample
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from polar.rollout import control
-from polar.rollout import sandbox as sb
+from polar.rollout.sandbox import control
+from polar.rollout.sandbox import base as sb
 from tests.rollout.rollout_support import AGENT, explain, latest, make_task, results, rollout, start_rollout
 from tests.support.need import need_sandbox
 

@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 
-POLAR_PRELOAD = ("openai",)  # what a warm slot's zygote imports once (rollout/warm.py)
+POLAR_PRELOAD = ("openai",)  # what a warm slot's zygote imports once (rollout/sandbox/warm.py)
 
 
 def _stat(pid: int) -> list[str]:

@@ -260,4 +260,4 @@ def test_1_7_imports_inside_functions_are_read():
     """`imports_of` reads an import inside a function (and a relative one) as the module it names."""
     path = ROOT / "rollout" / "cli.py"
     found = {dst for _, _, dst in imports_of(path)}
-    assert {"polar.rollout.options", "polar.rollout.runner", "polar.rollout.serve"} <= found
+    assert {"polar.rollout.options", "polar.rollout.runner", "polar.rollout.serve.server"} <= found

@@ -166,11 +166,11 @@ def test_3_2_run_files_are_read_and_written_only_through_polar_launch_runfiles()
 
 def test_3_3_process_identity_has_one_home():
     """"Is this pid alive and one of ours" is decided in one place, launch/process.py (a pid's command line against
-    the caller's marker). rollout/control.py also reads command lines, to sweep what a dead run's sandboxes left
+    the caller's marker). rollout/sandbox/control.py also reads command lines, to sweep what a dead run's sandboxes left
     (by their environment, not a pid's identity)."""
     files = _package_files() + [ROOT / s for s in SCRIPTS if (ROOT / s).is_file()]
     where = sorted(str(p.relative_to(ROOT)) for p in files if "/cmdline" in p.read_text())
-    assert where == ["launch/process.py", "rollout/control.py"]
+    assert where == ["launch/process.py", "rollout/sandbox/control.py"]
 
 
 # The two internal notes' names, spelt in pieces so that this file does not name them itself.
@@ -274,11 +274,11 @@ def test_5_3_report_sections_are_found_by_element_id_not_comment_markers():
 
 
 def test_5_4_the_rollout_serves_protocol_stands_on_the_standard_library_alone():
-    """rollout/serve_protocol.py is all that polar-train (its own Python, without mitmproxy) imports of the rollout
-    side: it imports nothing but the standard library."""
+    """rollout/serve/protocol.py (polar.rollout.serve_protocol) is all that polar-train (its own Python, without
+    mitmproxy) imports of the rollout side: it imports nothing but the standard library."""
     import sys
 
-    tree = ast.parse((ROOT / "rollout" / "serve_protocol.py").read_text())
+    tree = ast.parse((ROOT / "rollout" / "serve" / "protocol.py").read_text())
     names = [a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names]
     names += [node.module or "." for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
               and (node.level or node.module != "__future__")]

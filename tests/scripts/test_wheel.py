@@ -42,7 +42,8 @@ PINNED = "polar_sampling_override=temperature=1.0,top_p=1.0,top_k=-1"
 CONSOLE_SCRIPTS = {"mitmdump": "mitmproxy.tools.main:mitmdump"}  # the dependencies' commands the wheel runs
 # Every package pyproject.toml lists, and polar.records.out (the one module of polar.records that needs Polars).
 PACKAGES = ("polar.records", "polar.records.out", "polar.launch", "polar.addon", "polar.addon.codecs", "polar.processor",
-            "polar.rollout", "polar.trainer", "polar.integrations")
+            "polar.rollout", "polar.rollout.sandbox", "polar.rollout.images", "polar.rollout.agents",
+            "polar.rollout.serve", "polar.trainer", "polar.integrations")
 
 
 def _require(path: Path, setup: str) -> None:

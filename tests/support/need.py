@@ -57,7 +57,8 @@ def need_module(name: str, *, setup: str = BASE) -> None:
 
 
 def need_sandbox(kind: str = "bwrap") -> None:
-    """`need` for a rollout sandbox kind that starts here (polar.rollout.sandbox.available: installed AND starts)."""
-    from polar.rollout import sandbox
+    """`need` for a rollout sandbox kind that starts here (polar.rollout.sandbox.registry.available: installed AND
+    starts)."""
+    from polar.rollout.sandbox import registry
 
-    need(sandbox.available(kind), setup=SYSTEM)
+    need(registry.available(kind), setup=SYSTEM)

@@ -1,9 +1,9 @@
 """Stand-in base images for air-gapped builds: `debian:bookworm-slim` and `python:3.12-slim`, built from Debian's
 mirror (no image registry is reachable here) and mapped in with `polar-rollout --image-map @FILE` (`image_map_lines`).
 
-    python -m polar.rollout.standins build [--cache DIR] [--mirror URI] [--python PREFIX]   # scripts/build-standins
-    python -m polar.rollout.standins load [--cache DIR]     # docker import into $DOCKER_HOST's daemon
-    python -m polar.rollout.standins map                    # the --image-map lines
+    python -m polar.rollout.images.standins build [--cache DIR] [--mirror URI] [--python PREFIX]   # scripts/build-standins
+    python -m polar.rollout.images.standins load [--cache DIR]     # docker import into $DOCKER_HOST's daemon
+    python -m polar.rollout.images.standins map                    # the --image-map lines
 
 Rules. Each violation is a `StandinError` whose text is one line naming the fix.
 1. STANDINS are `debian:bookworm-slim` → `polar-standin/debian:bookworm-slim` and `python:3.12-slim` →
@@ -62,7 +62,7 @@ from pathlib import Path
 
 from polar.records.cliargs import OneLineParser
 from polar.records.files import write_json_atomic
-from polar.rollout.standin_roots import (CA_BUNDLE, PY, PY_MINOR, SUITE, Sources, StandinError, build_debian_root,
+from polar.rollout.images.standin_roots import (CA_BUNDLE, PY, PY_MINOR, SUITE, Sources, StandinError, build_debian_root,
                                          build_python_root, installed_packages, read_text, remove_tree,
                                          tar_root)
 
@@ -290,7 +290,7 @@ def cached_standins(cache: Path | None = None) -> list[Standin]:
         found = _cached(cache, spec)
         if found is None:
             raise StandinError(f"stand-in {spec.reference} is not built in {cache}; run scripts/build-standins "
-                               f"(or python -m polar.rollout.standins build --cache {cache})")
+                               f"(or python -m polar.rollout.images.standins build --cache {cache})")
         out.append(found)
     return out
 
@@ -456,7 +456,7 @@ def image_map_lines(standins: Iterable[StandinSpec | Standin]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = OneLineParser(prog="python -m polar.rollout.standins", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="python -m polar.rollout.images.standins", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build the stand-in tarballs (a no-op when current)")
     b.add_argument("--cache", type=Path, default=None, help=f"cache directory (default {default_cache()})")

@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polar.rollout.compose import compose_service
-from polar.rollout.image_refs import ImageError, ImageRef
+from polar.rollout.images.compose import compose_service
+from polar.rollout.images.refs import ImageError, ImageRef
 
 # ---------------------------------------------------------------------------------------------------------------------
 # 5. the cache key

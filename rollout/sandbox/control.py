@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from polar.records.files import write_json_atomic
-from polar.rollout.relay import HostRelay, proxy_user
+from polar.rollout.sandbox.relay import HostRelay, proxy_user
 
 CONTROL = "/run/polar"
 CONTROL_PREFIX = "polar-sbx-"
@@ -41,9 +41,10 @@ def _start_ticks(pid: int) -> int | None:
 class ControlDir:
     """The sample's private control directory on the host, bound read-only at /run/polar. Its OWNER_FILE names the
     process that made it (pid and start time), so `sweep_stale_controls` can tell a dead run's directory. `env` is
-    the agent's environment as the wrapper sets it (a `none` sandbox's gets SANDBOX_VAR here)."""
+    the agent's environment as the wrapper sets it (a sandbox that is not `isolated` gets SANDBOX_VAR here)."""
 
-    def __init__(self, spec, owner: tuple[int, int] | None, env: dict[str, str]):
+    def __init__(self, spec, owner: tuple[int, int] | None, env: dict[str, str], isolated: bool = True):
+        self.isolated = isolated
         self.dir = Path(tempfile.mkdtemp(prefix=CONTROL_PREFIX, dir=_control_base()))
         self.relay: HostRelay | None = None
         self.ready_fd: int | None = None
@@ -66,7 +67,7 @@ class ControlDir:
                     (self.dir / rest).mkdir(exist_ok=True)
                     os.chmod(self.dir / rest, 0o755)
             env = dict(env)
-            if spec.kind == "none":  # on the host, the sweep finds what a dead run's agent left by this variable
+            if not isolated:  # on the host, the sweep finds what a dead run's agent left by this variable
                 env[SANDBOX_VAR] = str(self.dir)
             payload = {"env": env, "proxy_user": proxy_user(spec.session) if spec.session else None,
                        "all_proxies": bool(getattr(spec, "tripwire", False))}
@@ -91,8 +92,9 @@ class ControlDir:
             self.close()
             raise
 
-    def inside(self, name: str, kind: str) -> str:
-        return str(self.dir / name) if kind == "none" else f"{CONTROL}/{name}"
+    def inside(self, name: str) -> str:
+        """Where the sandbox sees the file `name` of this directory (its host path when the agent is on the host)."""
+        return f"{CONTROL}/{name}" if self.isolated else str(self.dir / name)
 
     def ready(self) -> str:
         if self.ready_fd is None:

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from polar.rollout.image_refs import ImageError, ImageRef
+from polar.rollout.images.refs import ImageError, ImageRef
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 A cold python-agent sample starts a sandbox, an interpreter, and imports its SDK (anthropic ≈ 2 s of CPU, openai
 ≈ 1 s): most of a one-call sample's cost. A warm slot is one bwrap sandbox that lives across samples (and, under
-`polar-rollout serve`, across steps). Its zygote (`python -m polar.rollout.pyagent --warm`) has imported the agent and
+`polar-rollout serve`, across steps). Its zygote (`python -m polar.rollout.agents.pyagent --warm`) has imported the agent and
 the modules its `POLAR_PRELOAD` names; each sample is a fork of it. Per sample, in order:
 
 1. the sample's fresh copy of the start state and its HOME are moved into the slot's /app and HOME;
@@ -40,10 +40,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from polar.records.files import write_json_atomic
-from polar.rollout import control
-from polar.rollout import sandbox as sb
-from polar.rollout.cgroup import limit_memory
-from polar.rollout.relay import HostRelay, proxy_user
+from polar.rollout.sandbox import base as sb
+from polar.rollout.sandbox import control, registry
+from polar.rollout.sandbox.bwrap import BACKEND as BWRAP, bwrap_command
+from polar.rollout.sandbox.cgroup import limit_memory
+from polar.rollout.sandbox.relay import HostRelay, proxy_user
+from polar.rollout.sandbox.run import _killpg, _tail
+from polar.rollout.sandbox.view import Control, check, hand_over
 
 START_TIMEOUT_S = 120.0  # bwrap, an interpreter and three SDK imports on a loaded 2-core machine take ~10 s
 IO = "/opt/polar/warm-io"  # the slot's writable output directory inside the sandbox (the agent's stdout, stderr)
@@ -84,12 +87,12 @@ class Slot:
         spec = sb.SandboxSpec(kind="bwrap", app=self.app, home=self.home,
                               mounts=(*key.mounts, sb.Mount(self.io, IO, True)), env=env, memory_mb=key.memory_mb,
                               cpus=key.cpus, label="polar-warm")
-        self.owner = sb._hand_over(spec)
-        self.ctl = sb._Control(spec, self.owner)
+        self.owner = hand_over(spec, BWRAP)
+        self.ctl = Control(spec, BWRAP, self.owner)
         self.cgroup = None
         try:
-            prefix, self.cgroup, self.memory_limit = limit_memory("bwrap", key.memory_mb, key.cpus)
-            cmd = prefix + sb.bwrap_command(spec, self.ctl, [*key.zygote, "--relay", f"{sb.CONTROL}/relay.py"])
+            prefix, self.cgroup, self.memory_limit = limit_memory(key.memory_mb, key.cpus)
+            cmd = prefix + bwrap_command(spec, self.ctl, [*key.zygote, "--relay", f"{control.CONTROL}/relay.py"])
             self.stderr = open(self.root / "zygote.stderr", "wb")
             self.proc = _SPAWNER.submit(subprocess.Popen, cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=self.stderr, env={"PATH": sb.DEFAULT_PATH}, cwd="/",
@@ -103,7 +106,7 @@ class Slot:
 
     def _why(self) -> str:
         code = self.proc.poll() if self.proc is not None else None
-        tail = sb._tail(self.root / "zygote.stderr") if (self.root / "zygote.stderr").exists() else ""
+        tail = _tail(self.root / "zygote.stderr") if (self.root / "zygote.stderr").exists() else ""
         return f"exit {code}: {tail}" if code is not None else (tail or "no answer")
 
     def _read_line(self, timeout: float) -> dict | None:
@@ -137,7 +140,7 @@ class Slot:
         another). Raises WarmError when the slot ended without answering."""
         assert self.proc is not None and self.proc.stdin is not None
         n = self.samples = self.samples + 1
-        sb._hand_over(spec)  # the sample's fresh app and HOME belong to the sandbox's uid, as in a cold sandbox
+        hand_over(spec, BWRAP)  # the sample's fresh app and HOME belong to the sandbox's uid, as in a cold sandbox
         _move_entries(spec.app, self.app)
         _move_entries(spec.home, self.home)
         relay = HostRelay(str(self.ctl.dir / f"proxy-{n}.sock"), spec.proxy_port, spec.session or "",
@@ -149,7 +152,7 @@ class Slot:
         req = {"nonce": nonce, "env": env, "cwd": sb.APP, "instruction_file": _instruction_file(argv),
                "stdout": f"{IO}/{n}.stdout", "stderr": f"{IO}/{n}.stderr", "port": sb.RELAY_PORT,
                "proxy_user": proxy_user(spec.session or "sandbox"),
-               "socket": f"{sb.CONTROL}/proxy-{n}.sock" if relay is not None else f"{sb.CONTROL}/none"}
+               "socket": f"{control.CONTROL}/proxy-{n}.sock" if relay is not None else f"{control.CONTROL}/none"}
         t0 = time.monotonic()
         answer: dict | None = None
         reusable = False
@@ -198,7 +201,7 @@ class Slot:
         if self.cgroup is not None:
             self.cgroup.kill_all()
         if self.proc is not None and self.proc.poll() is None:
-            sb._killpg(self.proc.pid)
+            _killpg(self.proc.pid)
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -250,20 +253,20 @@ _busy: set[Slot] = set()
 
 
 def key_of(spec: sb.SandboxSpec, argv: list[str]) -> SlotKey:
-    """The slot key of a python: agent's cold argv (`python -m polar.rollout.pyagent MODULE:FUNC
+    """The slot key of a python: agent's cold argv (`python -m polar.rollout.agents.pyagent MODULE:FUNC
     --instruction-file F`)."""
-    if argv[1:3] != ["-m", "polar.rollout.pyagent"] or len(argv) < 4:
+    if argv[1:3] != ["-m", "polar.rollout.agents.pyagent"] or len(argv) < 4:
         raise sb.SandboxError(f"a warm slot runs python: agents only, not {argv[:3]}")
-    return SlotKey(zygote=(argv[0], "-m", "polar.rollout.pyagent", "--warm", argv[3]), mounts=tuple(spec.mounts),
+    return SlotKey(zygote=(argv[0], "-m", "polar.rollout.agents.pyagent", "--warm", argv[3]), mounts=tuple(spec.mounts),
                    memory_mb=spec.memory_mb, cpus=spec.cpus)
 
 
 def run_warm(spec: sb.SandboxSpec, argv: list[str], *, stdout: Path, stderr: Path,
              timeout: float) -> sb.SandboxResult:
     """One python: agent sample in a warm slot of the pool (a new slot when none of its key is idle)."""
-    if spec.kind != "bwrap":
+    if not registry.get(spec.kind).warm_slots:
         raise sb.SandboxError(f"--warm-agents runs in bwrap only, not --sandbox {spec.kind}")
-    sb._check(spec)
+    check(spec, BWRAP)
     key = key_of(spec, argv)
     slot = None
     with _lock:

@@ -1,4 +1,4 @@
-"""Building a stand-in's root filesystem (rollout/standins.py's rules 3 and 4): the debian one by mmdebstrap from
+"""Building a stand-in's root filesystem (rollout/images/standins.py's rules 3 and 4): the debian one by mmdebstrap from
 Debian's mirror, the python one by copying the host's CPython onto it and installing the libraries it NEEDs with apt.
 
 The builders are `build_debian_root` and `build_python_root`; each fills `work/root` and returns the json facts

@@ -1,10 +1,12 @@
-"""The agent's command line in its sandbox: argv, environment and mounts, for a CLI agent (rollout/agents.py) or a
-python: agent (polar.rollout.pyagent with the runner's venv), boxed or on the host (--sandbox none).
+"""Every sandbox a sample runs, specified in one place: the agent's (`agent_spec`: its argv, environment, mounts and
+control files, for a CLI agent (rollout/clis.py) or a python: agent (polar.rollout.agents.pyagent with the runner's
+venv)) and the verifier's (`verifier_spec`), isolated or on the host (a backend that is not `isolated`: --sandbox
+none), in the host view or in the task's image.
 
-In an image (the task's TaskEnv is in image mode, rollout/environments.py) nothing of the host's system is there:
-the agent runs on the sandbox runtime (rollout/runtime.py, at /run/polar/rt) — a python: agent on its venv view with
-the runner's site-packages mounted in it and its modules copied to /run/polar/lib, a CLI on its node with the npm
-prefix at /run/polar/npm. The environment starts from the image's Env (its PATH is the agent's), then the task's
+In an image (the task's TaskEnv is in image mode, rollout/images/environments.py) nothing of the host's system is there:
+the agent runs on the sandbox runtime (rollout/images/runtime.py, at /run/polar/rt) — a python: agent on its venv view
+with the runner's site-packages mounted in it and the agents wing copied to /run/polar/lib, a CLI on its node with the
+npm prefix at /run/polar/npm. The environment starts from the image's Env (its PATH is the agent's), then the task's
 `[environment] env`, then ours."""
 
 from __future__ import annotations
@@ -13,10 +15,13 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
-from polar.rollout import agents as agentlib
-from polar.rollout.relay import CONNECT_VAR, RELAY_ADDRESS
+from polar.rollout import clis as agentlib
 from polar.rollout.common import proxy_url
+from polar.rollout.images.runtime import INSIDE as RUNTIME_INSIDE, site_packages_of
 from polar.rollout.job import SampleContext, SampleJob
+from polar.rollout.sandbox import base as sb
+from polar.rollout.sandbox import registry
+from polar.rollout.sandbox.relay import CONNECT_VAR, RELAY_ADDRESS
 
 # Paths inside the sandbox (the sandbox itself puts the sample's workdir at /app and HOME at /home/agent).
 IN_VENV = "/opt/polar/venv"
@@ -25,13 +30,17 @@ IN_AGENT_DIR = "/opt/polar/agent"
 IN_NPM = "/opt/polar/npm"
 IN_TESTS = "/tests"
 IN_VERIFIER = "/logs/verifier"
-RUNTIME_INSIDE = "/run/polar/rt"  # rollout/runtime.py's INSIDE
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # image mode: under the control directory, which every image has (the sandbox makes the mount points there)
 IMAGE_LIB = "/run/polar/lib"
 IMAGE_NPM = "/run/polar/npm"
 IMAGE_AGENT_DIR = "/run/polar/agent"
-AGENT_MODULES = ("pyagent.py", "sdk_agent.py")
+# What a python: agent's sandbox gets of polar, under polar/rollout/: the agents wing (its import budget is the
+# standard library: rollout/agents/__init__.py) and the two names users type, never the rest of the repository.
+ROLLOUT_DIR = Path(__file__).parent
+AGENT_FILES = ("agents/__init__.py", "agents/pyagent.py", "agents/sdk_agent.py", "pyagent.py", "sdk_agent.py")
+PYAGENT = "polar.rollout.agents.pyagent"
+DEFAULT_VERIFY_TIMEOUT = 600.0
 
 
 class AgentLaunch(NamedTuple):
@@ -55,7 +64,7 @@ def base_env(ctx: SampleContext, job: SampleJob) -> dict[str, str]:
 
 
 def task_env(ctx: SampleContext, job: SampleJob):
-    """The task's TaskEnv (rollout/environments.py), or None (the host view: no environment phase ran)."""
+    """The task's TaskEnv (rollout/images/environments.py), or None (the host view: no environment phase ran)."""
     envs = getattr(ctx, "envs", None) or {}
     return envs.get(job.task.id)
 
@@ -70,9 +79,7 @@ def host_env() -> dict[str, str]:
 def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, home: Path,
                   instruction: str) -> AgentLaunch:
     """(argv, env, mounts, control files) of the agent in the sample's sandbox."""
-    from polar.rollout import sandbox as sb
-
-    boxed = ctx.sandbox != "none"
+    boxed = registry.get(ctx.sandbox).isolated
     tenv = task_env(ctx, job)
     if boxed and tenv is not None and tenv.image_mode and not job.canary:
         return image_agent_command(ctx, job, session, home, instruction, tenv)
@@ -96,9 +103,8 @@ def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, h
         instr.write_text(instruction, encoding="utf-8")
         if boxed:
             mounts.append(sb.Mount(Path(ctx.venv), IN_VENV, False))
-            # Only the agent-side modules, never the repository: pyagent and the SDK agent the demo uses.
-            for name in ("pyagent.py", "sdk_agent.py"):
-                mounts.append(sb.Mount(Path(__file__).with_name(name), f"{IN_LIB}/polar/rollout/{name}", False))
+            for rel in AGENT_FILES:
+                mounts.append(sb.Mount(ROLLOUT_DIR / rel, f"{IN_LIB}/polar/rollout/{rel}", False))
             python = f"{IN_VENV}/bin/python"
             env["PATH"] = f"{IN_VENV}/bin:{SANDBOX_PATH}"
             env["PYTHONPATH"] = IN_LIB
@@ -113,7 +119,7 @@ def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, h
                     "HTTPS_PROXY": proxy, "https_proxy": proxy, "SSL_CERT_FILE": bundle, "REQUESTS_CA_BUNDLE": bundle,
                     "NODE_EXTRA_CA_CERTS": ca_pem, "CODEX_CA_CERTIFICATE": bundle})
         env.pop("SSL_CERT_DIR", None)
-        argv = [python, "-m", "polar.rollout.pyagent", ctx.agent.target or "",
+        argv = [python, "-m", PYAGENT, ctx.agent.target or "",
                 "--instruction-file", f"{home_in}/.polar/instruction.md"]
         return AgentLaunch(argv, connect_by(ctx, env), tuple(mounts))
     binary_name = agentlib.BINARIES[ctx.agent.harness]
@@ -131,9 +137,6 @@ def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, h
 def image_agent_command(ctx: SampleContext, job: SampleJob, session: str, home: Path, instruction: str,
                         tenv) -> AgentLaunch:
     """The agent in an image: on the sandbox runtime, in the image's environment (the module docstring)."""
-    from polar.rollout import sandbox as sb
-    from polar.rollout.runtime import site_packages_of
-
     rt = ctx.runtime
     if rt is None:
         raise sb.SandboxError("no sandbox runtime was built for this run (an image task needs one)")
@@ -149,7 +152,7 @@ def image_agent_command(ctx: SampleContext, job: SampleJob, session: str, home: 
     if ctx.agent.kind == "python":
         (home / ".polar" / "instruction.md").write_text(instruction, encoding="utf-8")
         mounts.append(sb.Mount(site_packages_of(Path(ctx.venv)), rt.site_packages, False))
-        files = tuple((f"lib/polar/rollout/{name}", Path(__file__).with_name(name)) for name in AGENT_MODULES)
+        files = tuple((f"lib/polar/rollout/{rel}", ROLLOUT_DIR / rel) for rel in AGENT_FILES)
         if job.task.agent_dir is not None:
             mounts.append(sb.Mount(Path(job.task.agent_dir), IMAGE_AGENT_DIR, False))
             env["POLAR_AGENT_DIR"] = IMAGE_AGENT_DIR
@@ -157,7 +160,7 @@ def image_agent_command(ctx: SampleContext, job: SampleJob, session: str, home: 
                     "PYTHONNOUSERSITE": "1", "HTTPS_PROXY": proxy, "https_proxy": proxy, "SSL_CERT_FILE": bundle,
                     "REQUESTS_CA_BUNDLE": bundle, "NODE_EXTRA_CA_CERTS": ca_pem, "CODEX_CA_CERTIFICATE": bundle})
         env.pop("SSL_CERT_DIR", None)
-        argv = [rt.venv_python, "-m", "polar.rollout.pyagent", ctx.agent.target or "",
+        argv = [rt.venv_python, "-m", PYAGENT, ctx.agent.target or "",
                 "--instruction-file", f"{sb.HOME}/.polar/instruction.md"]
         return AgentLaunch(argv, connect_by(ctx, env), tuple(mounts), files)
     if rt.node is None:
@@ -184,3 +187,55 @@ def connect_by(ctx: SampleContext, env: dict[str, str]) -> dict[str, str]:
     env = agentlib.base_url_env(env, RELAY_ADDRESS, None)
     env[CONNECT_VAR] = "base_url"
     return env
+
+
+def image_fields(ctx, tenv, task) -> dict:
+    """The SandboxSpec fields of an image task, only /tmp's size in the host view: the agent's sandbox and the
+    verifier's take the same (`ctx` is the sample's SampleContext, `tenv` its TaskEnv or None, `task` its Task)."""
+    if tenv is None or not tenv.image_mode or not registry.get(ctx.sandbox).runs_images:
+        return {"tmp_mb": getattr(task, "storage_mb", None)}
+    return {"image_mode": True, "image": tenv.image_id or tenv.image, "workdir": tenv.workdir,
+            "rootfs": Path(tenv.rootfs) if tenv.rootfs else None, "wrapper_python": f"{RUNTIME_INSIDE}/bin/python3",
+            "tmp_mb": getattr(task, "storage_mb", None)}
+
+
+def agent_spec(ctx: SampleContext, job: SampleJob, session: str, app: Path, home: Path,
+               instruction: str) -> tuple[sb.SandboxSpec, AgentLaunch]:
+    """The agent's sandbox: its spec, and its launch (argv, env, mounts: what sample.json shows)."""
+    launch = agent_command(ctx, job, session, app, home, instruction)
+    tenv = None if job.canary else task_env(ctx, job)
+    spec = sb.SandboxSpec(kind=ctx.sandbox, app=app, home=home, mounts=launch.mounts, env=launch.env,
+                          proxy_port=ctx.proxy_port, session=session, memory_mb=job.task.memory_mb,
+                          cpus=job.task.cpus, label=ctx.run_id, control_files=launch.control_files,
+                          **{"image": ctx.image, **image_fields(ctx, tenv, job.task)})
+    return spec, launch
+
+
+def verifier_spec(ctx: SampleContext, job: SampleJob, vapp: Path, vhome: Path,
+                  vdir: Path) -> tuple[sb.SandboxSpec, list[str], float]:
+    """The verifier's sandbox over a copy of the final workdir (`vapp`): its spec, argv and timeout. No proxy: an
+    isolated verifier's relay is a tripwire that answers 403 and counts the attempts."""
+    boxed = registry.get(ctx.sandbox).isolated
+    tests = Path(job.task.tests_dir)
+    tenv = task_env(ctx, job)
+    image = boxed and tenv is not None and tenv.image_mode
+    if boxed:
+        env = base_env(ctx, job)
+        env.update({"POLAR_APP": tenv.workdir if image else sb.APP, "POLAR_TESTS": IN_TESTS,
+                    "POLAR_LOGS": IN_VERIFIER, "HOME": sb.HOME})
+        mounts: tuple = (sb.Mount(tests, IN_TESTS, False), sb.Mount(vdir, IN_VERIFIER, True))
+        if image:
+            mounts = (sb.Mount(Path(ctx.runtime.root), RUNTIME_INSIDE, False), *mounts)
+        argv = ["bash", f"{IN_TESTS}/test.sh"]
+    else:  # no mount namespace: the verifier finds its directories in these variables
+        env = host_env()
+        env.update({"POLAR_APP": str(vapp), "POLAR_TESTS": str(tests), "POLAR_LOGS": str(vdir),
+                    "PATH": os.pathsep.join([str(Path(ctx.venv) / "bin"), env.get("PATH", SANDBOX_PATH)])})
+        mounts = ()
+        argv = ["bash", str(tests / "test.sh")]
+    env.update({"POLAR_SAMPLE": str(job.k), "POLAR_TASK": job.task.id})
+    timeout = ctx.verify_timeout or job.task.verifier_timeout_sec or DEFAULT_VERIFY_TIMEOUT
+    spec = sb.SandboxSpec(kind=ctx.sandbox, app=vapp, home=vhome, mounts=mounts, env=env, proxy_port=None,
+                          session=None, memory_mb=job.task.memory_mb, cpus=job.task.cpus, label=ctx.run_id,
+                          tripwire=boxed, **{"image": ctx.image, **image_fields(ctx, tenv, job.task)})
+    return spec, argv, timeout

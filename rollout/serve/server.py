@@ -3,7 +3,7 @@ one proxy (its CA; polar_other_hosts=refuse when sandboxed), passes one prefligh
 sample of --agent), writes DIR/ready.json, then runs polar-rollout runs on request: each exactly as `polar-rollout`
 would run it (the same RUN files: run.json, results.jsonl, rewards.jsonl, samples/, out/, summary.json), against this
 proxy and without a preflight of its own (run.json records the serve's that passed; an agent the serve has not
-preflighted gets its preflight in its first run). The files: rollout/serve_protocol.py (docs/contracts.md).
+preflighted gets its preflight in its first run). The files: rollout/serve/protocol.py (docs/contracts.md).
 
 Concurrency: one thread per request in this process, each a Runner of its own (its RUN, its lock, its options, its
 pool of sample threads), the samples of every run sharing --parallel slots: a sample starts as soon as one is free.
@@ -15,7 +15,10 @@ or belongs to the main thread:
   flowwatch's counters         one per flow directory, locked, read on incrementally: the serve's growing flow
                                directory is skimmed once, where a new process would skim all of it again
   sandbox's image cache        locked
-  stdout / stderr              routed per thread to the request's log (`_Lines`)
+
+Each run speaks to a Reporter of its own (rollout/reporter.py) that writes to the request's log and keeps its errors:
+the response's error is the run's last one, as data. A request reaches its Runner as Options: the request's fields,
+with its extra_args parsed over them as polar-rollout parses its command line.
 
 It ends on SIGTERM or SIGINT, on DIR/stop, when --parent-pid is gone, or when its proxy dies (exit 1): running runs
 are cancelled, their sandboxes killed, the proxy stopped, ready.json removed, ended.json written. Exit codes: 0 asked
@@ -27,27 +30,29 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import shlex
 import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 
 from polar.launch import paths
 from polar.launch import proxy as launch_proxy
 from polar.records.cliargs import OneLineParser
 from polar.rollout import options as rollout_options
-from polar.rollout import proxyctl, runflows
-from polar.rollout import serve_protocol as sp
-from polar.rollout import warm
+from polar.rollout import proxyctl
 from polar.rollout.common import CANCEL, PREFLIGHT, UsageError, lock_dir, now, read_json
 from polar.rollout.job import AgentSpec, SampleContext
 from polar.rollout.options import check_proxy_sets, proxy_sets
 from polar.rollout.preflight import canary_call, run_preflight
 from polar.rollout.processing import run_processor
 from polar.rollout.procs import is_alive, kill_children, stop_process_group
+from polar.rollout.reporter import Reporter
 from polar.rollout.runner import Runner
+from polar.rollout.sandbox import registry, warm
+from polar.rollout.serve import protocol as sp
+from polar.rollout.serve import runflows
 
 # Options that belong to the serve, not to one of its runs: a request naming one is refused (exit 2).
 SERVE_OWNS = {"upstream": "--upstream", "proxy_json": "--proxy-json", "proxy_set": "--proxy-set",
@@ -56,70 +61,14 @@ SERVE_OWNS = {"upstream": "--upstream", "proxy_json": "--proxy-json", "proxy_set
 JOIN_S = 60.0  # after a cancel, how long the serve waits for its runs to write their cancelled lines
 
 
-# ------------------------------------------------------------------------------------------------ lines per run
-
-class _Sink:
-    """One run's lines: its log file, and the last `polar-rollout: error:` line (the response's error)."""
-
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.fh = open(path, "a", encoding="utf-8", buffering=1)
-        self.error: str | None = None
-
-    def write(self, text: str) -> int:
-        for line in text.splitlines():
-            if line.startswith("polar-rollout: error: "):
-                self.error = line[len("polar-rollout: error: "):]
-        return self.fh.write(text)
-
-
-class _Lines:
-    """sys.stdout / sys.stderr of the serve: a request thread's writes go to its run's log, the rest to the
-    stream it replaced."""
-
-    def __init__(self, stream):
-        self.stream = stream
-        self.local = threading.local()
-
-    def _target(self):
-        return getattr(self.local, "sink", None) or self.stream
-
-    def write(self, text: str) -> int:
-        return self._target().write(text)
-
-    def flush(self) -> None:
-        target = self._target()
-        (target.fh if isinstance(target, _Sink) else target).flush()
-
-    def isatty(self) -> bool:
-        return False if getattr(self.local, "sink", None) else self.stream.isatty()
-
-    def __getattr__(self, name):
-        return getattr(self.stream, name)
-
-
-@contextlib.contextmanager
-def _lines_to(sink: _Sink):
-    for stream in (sys.stdout, sys.stderr):
-        if isinstance(stream, _Lines):
-            stream.local.sink = sink
-    try:
-        yield sink
-    finally:
-        for stream in (sys.stdout, sys.stderr):
-            if isinstance(stream, _Lines):
-                stream.local.sink = None
-        sink.fh.close()
-
-
 # ------------------------------------------------------------------------------------------------ one served run
 
 class ServedRunner(Runner):
     """polar-rollout's Runner on the serve's proxy: no proxy of its own, the serve's preflight, the serve's slots,
     processing over RUN/flows (runflows.py)."""
 
-    def __init__(self, opts, serve: Serve):
-        super().__init__(opts)
+    def __init__(self, opts, serve: Serve, report: Reporter):
+        super().__init__(opts, report)
         self.serve = serve
         self.slots = serve.slots
 
@@ -142,22 +91,34 @@ class ServedRunner(Runner):
     def _process(self) -> dict:
         flows = runflows.link_flows(self.proxy.flows, self.run_dir / "flows", float(self.run_doc["created"]))
         return run_processor(self.run_dir, flows, self.run_doc["run_id"], [t.id for t in self.tasks],
-                             self.opts.sft_min_reward, self.opts.process_opt)
+                             self.opts.sft_min_reward, self.opts.process_opt, self.report)
+
+
+# The request's fields that are polar-rollout's options of the same name (None: the option's default).
+REQUEST_OPTIONS = ("agent", "samples", "parallel", "run_id", "agent_timeout", "verify_timeout", "model", "image",
+                   "retry_infra", "sft_min_reward", "sandbox")
 
 
 def _request_options(req: sp.RolloutRequest, serve: Serve):
-    """The run's Options: the request's polar-rollout command line, parsed as polar-rollout parses it, with the
-    serve's sandbox and npm directory; the serve's own options refused."""
-    parser = rollout_options.parser()
+    """The run's Options: the request's fields, its extra_args parsed over them as polar-rollout parses its command
+    line (a flag there wins, as it would after them on a command line), with the serve's sandbox and npm directory;
+    the serve's own options refused."""
+    parser = rollout_options.parser(out_required=False)
 
     def refuse(message: str):
         raise UsageError(message)
 
     parser.error = refuse
+    given = argparse.Namespace(out=req.out, resume=req.resume, no_process=req.no_process,
+                               process_opt=list(req.process_opt))
+    for name in REQUEST_OPTIONS:
+        if getattr(req, name) is not None:
+            setattr(given, name, getattr(req, name))
     try:
-        args = parser.parse_args(req.argv())
+        args = parser.parse_args(list(req.extra_args), namespace=given)
     except SystemExit:  # --help or --version among extra_args: not a run
         raise UsageError("extra_args: --help is not a run") from None
+    args.tasks = [*req.tasks, *(args.tasks or [])]
     given = [flag for name, flag in SERVE_OWNS.items() if getattr(args, name)]
     if given or args.engine == "ray":
         raise UsageError(f"{', '.join(given) or '--engine ray'}: the serve's, not a run's (it runs one proxy and "
@@ -170,12 +131,12 @@ def _request_options(req: sp.RolloutRequest, serve: Serve):
     return o
 
 
-def _failure(code: int, run: Path | None, sink_error: str | None, reason: str | None) -> str | None:
+def _failure(code: int, run: Path | None, run_error: str | None, reason: str | None) -> str | None:
     """The response's one line for a run that did not exit 0."""
     if code == 0:
         return None
     if code == 2:
-        return sink_error or "bad input (see the log)"
+        return run_error or "bad input (see the log)"
     if code == 130:
         return f"cancelled: the serve is ending ({reason or 'asked to'})"
     with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):
@@ -184,7 +145,7 @@ def _failure(code: int, run: Path | None, sink_error: str | None, reason: str | 
         if processed.get("exit") not in (None, 0):
             return f"polar-process exit {processed['exit']} ({run / 'process.log'})"
         return f"no sample has a reward (statuses: {doc.get('statuses')})"
-    return sink_error or f"exit {code} (see the log)"
+    return run_error or f"exit {code} (see the log)"
 
 
 # ------------------------------------------------------------------------------------------------ the serve
@@ -218,9 +179,7 @@ class Serve:
                              "its proxy in front of it)")
         if a.parent_pid is not None and not is_alive(a.parent_pid):
             raise UsageError(f"--parent-pid {a.parent_pid}: no such process")
-        from polar.rollout import sandbox as sb
-
-        why = sb.available(self.sandbox)
+        why = registry.available(self.sandbox)
         if why:
             raise UsageError(f"--sandbox {self.sandbox}: {why}")
         check_proxy_sets(a.proxy_set, self.sandbox)
@@ -232,7 +191,7 @@ class Serve:
             (self.dir / stale).unlink(missing_ok=True)
         self.answered = {p.stem for p in (self.dir / sp.RESPONSES).glob("*.json")}
         self.proxy = proxyctl.start_proxy(self.dir, a.upstream, proxy_sets(a.proxy_set, self.sandbox), a.confdir)
-        proxyctl.check_ready(self.proxy, self.sandbox != "none", None)
+        proxyctl.check_ready(self.proxy, registry.get(self.sandbox).isolated, None)
         preflight = self._preflight(task)
         p = self.proxy
         sp.write_json_atomic(self.dir / sp.READY, sp.Ready(
@@ -269,14 +228,14 @@ class Serve:
                 doc["canary_sample"] = "skipped (--skip-preflight)"
                 self.preflights[None] = doc
             return doc
-        doc = {**run_preflight(self.proxy, self._context(), task, self.dir), "agent": self.agent.text}
+        doc = {**run_preflight(self.proxy, self._context(), task, self.dir, Reporter()), "agent": self.agent.text}
         self.preflights[self.agent.text] = doc
         return doc
 
     def _context(self) -> SampleContext:
         a, p = self.args, self.proxy
         npm = paths.npm_dir(a.npm_dir)
-        if npm is None and self.agent.kind != "python" and self.sandbox != "none":
+        if npm is None and self.agent.kind != "python" and registry.get(self.sandbox).isolated:
             raise UsageError(f"--agent {self.agent.text}: {paths.missing('npm_dir')}")
         return SampleContext(
             run_id=self.id, run_dir=str(self.dir), agent=self.agent, sandbox=self.sandbox,
@@ -330,19 +289,23 @@ class Serve:
         except (OSError, ValueError) as exc:
             code, error = 2, f"request {name}: {exc}"
         else:
-            with _lines_to(_Sink(log)) as sink:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "a", encoding="utf-8", buffering=1) as fh:
+                report = Reporter(err=fh, out=fh)
+                bug = None
                 try:
-                    code = self._run(req)
+                    code = self._run(req, report)
                 except UsageError as exc:
-                    print(f"polar-rollout: error: {exc}", file=sys.stderr)
+                    report.error(str(exc))
                     code = 2
                 except KeyboardInterrupt:  # the cancel reached a preflight (preflight.canary_sample raises it)
-                    print("polar-rollout: cancelled", file=sys.stderr)
+                    report.note("cancelled")
                     code = 130
                 except Exception as exc:  # noqa: BLE001 — a bug must not take the serve down: exit 1, traceback logged
-                    traceback.print_exc()
-                    code, sink.error = 1, f"serve: {type(exc).__name__}: {exc}"
-                error = sink.error if code == 1 and sink.error else _failure(code, Path(out), sink.error, self.reason)
+                    report.exception()
+                    code, bug = 1, f"serve: {type(exc).__name__}: {exc}"
+                last = bug or (report.errors[-1] if report.errors else None)
+                error = last if code == 1 and last else _failure(code, Path(out), last, self.reason)
         response = sp.RolloutResponse(name=name, exit=code, seconds=round(time.monotonic() - t0, 3), out=out,
                                       error=error, log=str(log), t_start=t_start, t_end=now())
         sp.write_json_atomic(sp.response_path(self.dir, name), response.to_json())
@@ -350,10 +313,11 @@ class Serve:
               + (f": {error}" if error else ""), file=sys.stderr)
         self.wake.set()
 
-    def _run(self, req: sp.RolloutRequest) -> int:
+    def _run(self, req: sp.RolloutRequest, report: Reporter) -> int:
         if CANCEL.is_set():
             raise UsageError("the serve is ending; not started")
-        return ServedRunner(_request_options(req, self), self).run()
+        report.line(f"$ polar-rollout {shlex.join(req.argv())}  # this request as a command line")
+        return ServedRunner(_request_options(req, self), self, report).run()
 
     # -- the end ------------------------------------------------------------------------------------------------
     def stop(self, code: int) -> None:
@@ -389,7 +353,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--proxy-set", action="append", default=[], metavar="NAME=VALUE",
                    help="addon option for the serve's proxy, repeatable (default: polar_exact=true, and "
                         "polar_other_hosts=refuse when sandboxed; --proxy-set polar_exact=false for normal mode)")
-    p.add_argument("--sandbox", choices=("bwrap", "docker", "none"), default="bwrap",
+    p.add_argument("--sandbox", choices=registry.kinds(), default="bwrap",
                    help="the sandbox of every run it serves (default: bwrap)")
     p.add_argument("--image", metavar="IMAGE", help="docker image of the preflight's canary sample")
     p.add_argument("--agent", metavar="AGENT",
@@ -422,7 +386,6 @@ def main(argv: list[str]) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
-    sys.stdout, sys.stderr = _Lines(sys.stdout), _Lines(sys.stderr)
     CANCEL.clear()
     code = 2
     try:

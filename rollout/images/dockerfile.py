@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from polar.rollout.image_refs import ImageError, ImageMap, ImageRef
+from polar.rollout.images.refs import ImageError, ImageMap, ImageRef
 
 
 class Substitution(NamedTuple):

@@ -382,7 +382,7 @@ def _listen(env: dict[str, str], proxy_user_name: str | None, port: int, all_pro
     """The relay's listener on the sandbox's own loopback; the agent's proxy variables point at it, or with
     POLAR_CONNECT=base_url its base-URL variables (values holding RELAY_ADDRESS) do, and no proxy is set."""
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    # a warm slot's next sample binds the port while the last one's connections are in TIME_WAIT (rollout/warm.py)
+    # a warm slot's next sample binds the port while the last one's connections are in TIME_WAIT (rollout/sandbox/warm.py)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", port))
     listener.listen(128)
@@ -477,7 +477,7 @@ def _reap_children() -> None:
 
 
 def kill_all_but_ancestors() -> tuple[int, bool]:
-    """A warm slot's sweep between samples (rollout/warm.py): SIGKILL every process of the sandbox's pid namespace but
+    """A warm slot's sweep between samples (rollout/sandbox/warm.py): SIGKILL every process of the sandbox's pid namespace but
     this one and its ancestors (the wrapper, bwrap), until none is left: (how many were killed, whether none is)."""
     import time
 

@@ -5,7 +5,7 @@ Rules.
 1. The source of each task's environment is polar.rollout.images' `choose_environment` (rule 6 there: `--image`,
    then task.toml's `docker_image`, then `environment/Dockerfile`, then a one-service compose file, then
    `environment/workdir/`). A task whose source is `environment/workdir/` (or nothing) runs in the host view
-   (rollout/sandbox.py) as before; every other task runs in an image (mode "image"): bwrap or docker over the image's
+   (rollout/sandbox/) as before; every other task runs in an image (mode "image"): bwrap or docker over the image's
    own root filesystem, read-only, with the sample's copy of the image's WORKDIR writable.
 2. References are mapped with `--image-map` (a Dockerfile's FROM, ARG-named bases and `COPY --from` included, by
    polar.rollout.dockerfile; a named image by `ImageMap.lookup`). An image that is neither mapped nor in the local
@@ -43,20 +43,20 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from polar.rollout import images as imagelib
-from polar.rollout.dockerfile import rewrite_dockerfile
-from polar.rollout.image_refs import ImageError, ImageMap
-from polar.rollout.runtime import INSIDE
+from polar.rollout.images import sources as imagelib
+from polar.rollout.images.dockerfile import rewrite_dockerfile
+from polar.rollout.images.refs import ImageError, ImageMap
+from polar.rollout.sandbox import registry
 
 DEFAULT_BUILD_TIMEOUT = 600.0
 DEFAULT_WORKDIR = "/app"
 BUILD_NETWORKS = ("none", "host")
 PROXY_BUILD_ARGS = ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy",
                     "FTP_PROXY", "ftp_proxy", "ALL_PROXY", "all_proxy")
-# made in an exported root filesystem, so bwrap can mount there over a read-only root (rollout/sandbox.py)
+# made in an exported root filesystem, so bwrap can mount there over a read-only root (rollout/sandbox/)
 MOUNT_POINTS = ("/run/polar", "/home/agent", "/tmp", "/proc", "/dev", "/tests", "/logs/verifier")
 TAG_PART = re.compile(r"[^a-z0-9._-]+")
-STANDIN_PREFIX = "polar-standin/"  # rollout/standins.py's local names
+STANDIN_PREFIX = "polar-standin/"  # rollout/images/standins.py's local names
 
 
 class EnvironmentError_(RuntimeError):
@@ -98,16 +98,6 @@ class TaskEnv:
                 "error": self.error}
 
 
-def image_fields(ctx, tenv: TaskEnv | None, task) -> dict:
-    """The SandboxSpec fields of an image task, {} in the host view: the agent's sandbox and the verifier's take the
-    same (`ctx` is the sample's SampleContext, `task` its Task)."""
-    if tenv is None or not tenv.image_mode or ctx.sandbox == "none":
-        return {"tmp_mb": getattr(task, "storage_mb", None)}
-    return {"image_mode": True, "image": tenv.image_id or tenv.image, "workdir": tenv.workdir,
-            "rootfs": Path(tenv.rootfs) if tenv.rootfs else None, "wrapper_python": f"{INSIDE}/bin/python3",
-            "tmp_mb": getattr(task, "storage_mb", None)}
-
-
 @dataclass
 class Docker:
     """The docker client against DOCKER_HOST (the runner's environment)."""
@@ -135,7 +125,7 @@ class Docker:
         """inspect(ref); a stand-in (`scripts/setup --images`) not yet in this daemon is loaded from its tarball."""
         info = self.inspect(ref)
         if info is None and ref.startswith(STANDIN_PREFIX):
-            from polar.rollout import standins
+            from polar.rollout.images import standins
 
             try:
                 found = [s for s in standins.cached_standins() if s.local == ref]
@@ -189,7 +179,7 @@ def prepare(tasks: list, opts: PhaseOptions, log=None) -> dict[str, TaskEnv]:
         if choice.kind in ("workdir", "empty"):
             out[task.id] = TaskEnv(task.id, "host", choice.source, notes=choice.notes)
             continue
-        if opts.sandbox not in ("bwrap", "docker"):
+        if not registry.get(opts.sandbox).runs_images:
             out[task.id] = TaskEnv(task.id, "image", choice.source, notes=choice.notes,
                                    error=f"task {task.id}: its environment is an image ({choice.source}); run it "
                                          f"with --sandbox docker or --sandbox bwrap")
@@ -230,7 +220,7 @@ def _image_env(task, choice, opts: PhaseOptions, docker: Docker, buildkit: bool,
     image_id = info["Id"]
     env = tuple(tuple(item.split("=", 1)) for item in (config.get("Env") or []) if "=" in item)
     template = None if choice.workdir is not None else str(export_workdir(docker, image_id, workdir))
-    rootfs = str(export_rootfs(docker, image_id, workdir)) if opts.sandbox == "bwrap" else None
+    rootfs = str(export_rootfs(docker, image_id, workdir)) if registry.get(opts.sandbox).exports_rootfs else None
     return TaskEnv(task.id, "image", choice.source, named=named, image=image, image_id=image_id,
                    substitutions=subs, workdir=workdir, template=template, rootfs=rootfs, env=env, key=key,
                    built=built, build_s=build_s, build_log=build_log, notes=choice.notes)

@@ -169,13 +169,11 @@ class _Cgroup:
         self.dirs.clear()
 
 
-def limit_memory(kind: str, memory_mb: int | None, cpus: float | None) -> tuple[list[str], _Cgroup | None, str]:
-    """(argv prefix, the cgroup or None, the limit in force as SandboxResult.memory_limit words) for a sandbox of
-    `kind`: docker limits itself (--memory); bwrap and none get a cgroup when one is writable, else prlimit --as."""
+def limit_memory(memory_mb: int | None, cpus: float | None) -> tuple[list[str], _Cgroup | None, str]:
+    """(argv prefix, the cgroup or None, the limit in force as SandboxResult.memory_limit words) for a sandbox that
+    does not limit itself (bwrap, none): a cgroup when one is writable, else prlimit --as."""
     if memory_mb is None:
         return [], None, "none"
-    if kind == "docker":
-        return [], None, f"docker --memory {memory_mb}m (swap included)"
     cg = _Cgroup.create(memory_mb, cpus)
     if cg is not None:
         return cg.prefix(), cg, f"{cg.version} memory {memory_mb} MiB"
