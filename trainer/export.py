@@ -2,8 +2,9 @@
 own row format.
 
 This module imports only the standard library, numpy, polars and orjson: it runs in the base install (the proxy's
-`.venv`, no torch). Builders are pure functions of a frame of sequences; they return the rows plus notes (the rows
-left out and why); `main` only reads files, calls them and writes files.
+`.venv`, no torch). Each format is one entry of FORMATS (its writer — a pure function of a frame of sequences —, the
+columns it writes and reads, what it refuses, its help line); `build` returns a chunk's rows plus notes (the rows left
+out and why); `main` only reads files, calls them and writes files.
 
 Input. OUT is a `polar-process` output directory. Its `batches/*.parquet` are read in file-name order, rows in file
 order; prime-rl also reads `calls.parquet` for each call's temperature.
@@ -76,7 +77,7 @@ import os
 import shutil
 import sys
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -86,34 +87,10 @@ import polars as pl
 from polar.records import out as out_tables
 from polar.trainer.args import OneLineParser
 
-FORMATS = ("verl", "slime", "prime-rl")
 ROWS_PER_FILE = 512  # rows are whole agent sequences (thousands of tokens each): a few hundred make a sensible file
 PROVENANCE = ("sequence_id",)
-
-# Each format's columns, in file order (PROVENANCE follows them).
-FIELDS: dict[str, tuple[str, ...]] = {
-    "slime": ("tokens", "response_length", "loss_mask", "rollout_log_probs", "reward", "rollout_id", "group_index",
-              "index", "status", "remove_sample"),
-    "prime-rl": ("token_ids", "mask", "logprobs", "temperatures", "advantages"),
-    "verl": ("prompts", "responses", "input_ids", "response_mask", "attention_mask", "position_ids",
-             "rollout_log_probs", "advantages", "uid"),
-}
-
-# The sequences columns each format reads (a batches/ written by an older polar-process may lack some); session and
-# group give every format its dense ids and the manifest's counts.
-NEEDS: dict[str, tuple[str, ...]] = {
-    "slime": ("sequence_id", "session", "group", "input_ids", "loss_mask", "logprobs", "n_tokens", "prompt_len",
-              "flags", "reward", "advantage"),
-    "prime-rl": ("sequence_id", "session", "group", "input_ids", "loss_mask", "logprobs", "n_tokens", "call_spans",
-                 "advantage", "flags"),
-    "verl": ("sequence_id", "session", "group", "input_ids", "loss_mask", "logprobs", "n_tokens", "prompt_len",
-             "advantage", "flags"),
-}
-
-# Columns a format reads when the batch has them: the per-token advantages (OUT version 2); without them the
-# scalar is broadcast, which is what the column holds under --credit session.
-OPTIONAL: dict[str, tuple[str, ...]] = {"slime": ("advantages",), "prime-rl": ("advantages",), "verl": ("advantages",)}
-
+# The sequences columns every format reads: session and group give its dense ids and the manifest's counts.
+COMMON = ("sequence_id", "session", "group", "input_ids", "loss_mask", "logprobs", "n_tokens", "advantage", "flags")
 REMOVE_FLAGS = ("context_mismatch", "missing_logprobs")
 
 
@@ -164,9 +141,10 @@ def left_out_reasons(fmt: str, seqs: pl.DataFrame, temperatures: dict[str, float
     why = pl.when(pl.col("advantage").is_null()).then(pl.lit("null_advantage"))
     if not keep_mismatched:
         why = why.when(pl.col("flags").list.contains("context_mismatch")).then(pl.lit("context_mismatch"))
-    if fmt in ("verl", "prime-rl"):
+    refuses = FORMATS[fmt].refuses
+    if "missing_logprobs" in refuses:
         why = why.when(pl.col("logprobs").is_null()).then(pl.lit("missing_logprobs"))
-    if fmt == "prime-rl":
+    if "unknown_temperature" in refuses:
         why = why.when(pl.lit(_unknown_temperature(seqs, temperatures))).then(pl.lit("unknown_temperature"))
     return seqs.select(why.otherwise(pl.lit(None, pl.Utf8)).alias("left_out"))["left_out"]
 
@@ -205,7 +183,7 @@ def check_one_advantage_per_sample(kept: pl.DataFrame) -> None:
                           "prime-rl")
 
 
-def slime_rows(kept: pl.DataFrame, ids: DenseIds) -> pl.DataFrame:
+def slime_rows(kept: pl.DataFrame, ids: DenseIds, temperatures: dict[str, float | None]) -> pl.DataFrame:
     """slime `Sample` fields (module docstring)."""
     check_one_advantage_per_sample(kept)
     session_id = pl.col("session").replace_strict(ids.sessions, return_dtype=pl.Int64)
@@ -236,7 +214,7 @@ def token_temperatures(n_tokens: int, spans: list[dict], temperatures: dict[str,
     return per_call[owner]
 
 
-def prime_rl_rows(kept: pl.DataFrame, temperatures: dict[str, float | None]) -> pl.DataFrame:
+def prime_rl_rows(kept: pl.DataFrame, ids: DenseIds, temperatures: dict[str, float | None]) -> pl.DataFrame:
     """prime-rl `TrainingSample` fields (module docstring)."""
     # As Python lists: a column of equal-length numpy arrays would become an Array, not a List.
     temps = [token_temperatures(n, spans, temperatures).tolist()
@@ -251,7 +229,7 @@ def prime_rl_rows(kept: pl.DataFrame, temperatures: dict[str, float | None]) -> 
     )
 
 
-def verl_rows(kept: pl.DataFrame) -> pl.DataFrame:
+def verl_rows(kept: pl.DataFrame, ids: DenseIds, temperatures: dict[str, float | None]) -> pl.DataFrame:
     """verl `DataProto` fields, unpadded (module docstring)."""
     return kept.select(
         pl.col("input_ids").list.slice(0, pl.col("prompt_len")).alias("prompts"),
@@ -267,21 +245,58 @@ def verl_rows(kept: pl.DataFrame) -> pl.DataFrame:
     )
 
 
-def build(fmt: str, seqs: pl.DataFrame, ids: DenseIds, temperatures: dict[str, float | None],
-          keep_mismatched: bool = False) -> Built:
-    """One chunk of sequences rows in `fmt`: the rows written (FIELDS[fmt] + PROVENANCE), the rows left out by
-    reason, and `ids` extended by the chunk's rows written (dense ids run across chunks)."""
+# ---------------------------------------------------------------------------------------------------- the formats
+
+@dataclass(frozen=True)
+class Format:
+    """One trainer's rows: its writer, the columns it writes and reads, what it refuses beyond every format's
+    null_advantage and context_mismatch, and its line in --format's help."""
+
+    name: str
+    doc: str
+    fields: tuple[str, ...]  # the columns written, in file order (PROVENANCE follows them)
+    writer: Callable[[pl.DataFrame, DenseIds, dict], pl.DataFrame]  # (rows kept, dense ids, temperatures) → rows
+    needs: tuple[str, ...] = ()  # sequences columns read beyond COMMON
+    refuses: tuple[str, ...] = ()  # "missing_logprobs", "unknown_temperature"
+    optional: tuple[str, ...] = ("advantages",)  # read when the batch has them (OUT version 2)
+    temperatures: bool = False  # reads calls.parquet's temperature per call
+
+
+FORMATS: dict[str, Format] = {f.name: f for f in (
+    Format("verl", "a DataProto row before padding, uid = group", writer=verl_rows, needs=("prompt_len",),
+           refuses=("missing_logprobs",),
+           fields=("prompts", "responses", "input_ids", "response_mask", "attention_mask", "position_ids",
+                   "rollout_log_probs", "advantages", "uid")),
+    Format("slime", "a slime.utils.types.Sample, one reward per sample", writer=slime_rows,
+           needs=("prompt_len", "reward"),
+           fields=("tokens", "response_length", "loss_mask", "rollout_log_probs", "reward", "rollout_id",
+                   "group_index", "index", "status", "remove_sample")),
+    Format("prime-rl", "a prime_rl TrainingSample, per-token temperatures and advantages", writer=prime_rl_rows,
+           needs=("call_spans",), refuses=("missing_logprobs", "unknown_temperature"), temperatures=True,
+           fields=("token_ids", "mask", "logprobs", "temperatures", "advantages")),
+)}
+
+
+def _format(fmt: str) -> Format:
     if fmt not in FORMATS:
         raise ExportError(f"unknown --format {fmt!r}: use one of {', '.join(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def needs(fmt: str) -> tuple[str, ...]:
+    """The sequences columns `fmt` reads (a batches/ written by an older polar-process may lack some)."""
+    return (*COMMON, *FORMATS[fmt].needs)
+
+
+def build(fmt: str, seqs: pl.DataFrame, ids: DenseIds, temperatures: dict[str, float | None],
+          keep_mismatched: bool = False) -> Built:
+    """One chunk of sequences rows in `fmt`: the rows written (the format's fields + PROVENANCE), the rows left out by
+    reason, and `ids` extended by the chunk's rows written (dense ids run across chunks)."""
+    spec = _format(fmt)
     reasons = left_out_reasons(fmt, seqs, temperatures, keep_mismatched)
     kept = seqs.filter(reasons.is_null())
     ids = ids.extended(kept)
-    if fmt == "slime":
-        rows = slime_rows(kept, ids)
-    elif fmt == "prime-rl":
-        rows = prime_rl_rows(kept, temperatures)
-    else:
-        rows = verl_rows(kept)
+    rows = spec.writer(kept, ids, temperatures)
     return Built(rows, Counter(reasons.drop_nulls().to_list()), ids, int(kept["n_tokens"].sum()),
                  int(kept["loss_mask"].list.sum().sum()))
 
@@ -310,9 +325,9 @@ def read_temperatures(out: str) -> dict[str, float | None]:
 
 
 def read_batch(path: str, fmt: str) -> pl.DataFrame:
-    """One batch file's columns that `fmt` reads (OPTIONAL ones where the file has them)."""
+    """One batch file's columns that `fmt` reads (its optional ones where the file has them)."""
     have = out_tables.read_schema(path)
-    return out_tables.read(path, columns=[*NEEDS[fmt], *(c for c in OPTIONAL[fmt] if c in have)])
+    return out_tables.read(path, columns=[*needs(fmt), *(c for c in FORMATS[fmt].optional if c in have)])
 
 
 def check_batches(files: list[str], fmt: str) -> None:
@@ -324,7 +339,7 @@ def check_batches(files: list[str], fmt: str) -> None:
             raise ExportError(str(exc)) from None
         except (OSError, pl.exceptions.PolarsError) as exc:
             raise ExportError(f"{path}: unreadable ({str(exc).splitlines()[0]}); rerun polar-process") from exc
-        lacking = [c for c in NEEDS[fmt] if c not in schema]
+        lacking = [c for c in needs(fmt) if c not in schema]
         if lacking:
             raise ExportError(f"{path}: no column(s) {', '.join(lacking)}; rerun polar-process "
                               f"(this version writes them)")
@@ -358,14 +373,13 @@ def check_dir(directory: str) -> None:
 def export(out: str, fmt: str, directory: str, rows_per_file: int = ROWS_PER_FILE,
            keep_mismatched: bool = False) -> dict:
     """The whole export; returns the manifest. Raises ExportError on bad input (before DIR is touched)."""
-    if fmt not in FORMATS:
-        raise ExportError(f"unknown --format {fmt!r}: use one of {', '.join(FORMATS)}")
+    spec = _format(fmt)
     if rows_per_file < 1:
         raise ExportError(f"--rows-per-file {rows_per_file}: pass a positive number of rows")
     files = batch_files(out)
     check_dir(directory)
     check_batches(files, fmt)
-    temperatures = read_temperatures(out) if fmt == "prime-rl" else {}
+    temperatures = read_temperatures(out) if spec.temperatures else {}
     created = not os.path.exists(directory)
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".polar-export-tmp-{os.getpid()}")
@@ -418,7 +432,7 @@ def _write(files: list[str], fmt: str, tmp: str, rows_per_file: int, temperature
             "tokens": tokens, "trainable_tokens": trainable, "sessions": len(ids.sessions), "groups": len(ids.groups),
             "batch_files": len(files), "rows_per_file": rows_per_file, "keep_mismatched": keep_mismatched,
             "files": written,
-            "columns": [*FIELDS[fmt], *PROVENANCE]}
+            "columns": [*FORMATS[fmt].fields, *PROVENANCE]}
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
@@ -427,7 +441,8 @@ def parser() -> OneLineParser:
     p = OneLineParser(prog="polar-export", raises=ExportError,
                       description="Write a polar-process OUT's batches in a trainer's row format.")
     p.add_argument("out", metavar="OUT", help="a polar-process output directory (holds batches/)")
-    p.add_argument("--format", required=True, help=f"one of {', '.join(FORMATS)}")
+    p.add_argument("--format", required=True,
+                   help="one of " + "; ".join(f"{f.name}: {f.doc}" for f in FORMATS.values()))
     p.add_argument("-o", dest="directory", required=True, metavar="DIR", help="a new or empty directory")
     p.add_argument("--rows-per-file", type=int, default=ROWS_PER_FILE, help=f"rows per file ({ROWS_PER_FILE})")
     p.add_argument("--keep-mismatched", action="store_true",

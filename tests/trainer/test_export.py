@@ -23,7 +23,7 @@ import polars as pl
 import pytest
 
 from polar.processor.cli import main as process
-from polar.trainer.export import FIELDS, FORMATS, PROVENANCE, export, main, token_temperatures
+from polar.trainer.export import FORMATS, PROVENANCE, export, main, token_temperatures
 from tests.processor.synth import session_records, write_flows
 
 pytestmark = pytest.mark.unit
@@ -133,7 +133,7 @@ def test_1_1_one_row_per_kept_sequence_in_order_and_the_rest_counted(fmt, keep, 
     kept_seqs = sequences.filter(pl.col("sequence_id").is_in(kept))
     assert manifest["tokens"] == kept_seqs["n_tokens"].sum()
     assert manifest["trainable_tokens"] == kept_seqs["n_trainable"].sum()
-    assert manifest["columns"] == list(rows.columns) == [*FIELDS[fmt], *PROVENANCE]
+    assert manifest["columns"] == list(rows.columns) == [*FORMATS[fmt].fields, *PROVENANCE]
 
 
 def test_1_2_left_out_reasons_are_format_specific(exported, exported_default):
@@ -263,13 +263,13 @@ def _fixture(fmt: str) -> dict:
 def test_5_1_every_field_written_is_one_the_framework_documents(fmt):
     doc = _fixture(fmt)
     assert doc["comment"] and doc["fields"]
-    assert [f for f in FIELDS[fmt] if f not in doc["fields"]] == []
+    assert [f for f in FORMATS[fmt].fields if f not in doc["fields"]] == []
 
 
 @pytest.mark.parametrize("fmt,group", [("slime", "response_aligned"), ("prime-rl", "token_aligned"),
                                        ("verl", "response_aligned"), ("verl", "full_length")])
 def test_5_2_fields_the_framework_aligns_have_one_length_per_row(fmt, group, exported):
-    names = [f for f in _fixture(fmt)[group] if f in FIELDS[fmt]]
+    names = [f for f in _fixture(fmt)[group] if f in FORMATS[fmt].fields]
     assert len(names) >= 2
     for row in exported[fmt][2].iter_rows(named=True):
         assert len({len(row[f]) for f in names}) == 1, (fmt, group, row["sequence_id"])
