@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from polar.records import out as out_tables
 from polar.records.results import read_latest
 from polar.trainer.loader import COUNTS, read_calls, row_arrays, trainable_mask
 
@@ -70,10 +71,10 @@ def latest_results(run: Path) -> dict[tuple[str, int], dict]:
 
 def _last_calls(out: Path) -> dict[str, str]:
     """{session: the id of its last call} (the latest t_start) from OUT/calls.parquet."""
-    path = out / "calls.parquet"
-    if not path.is_file():
+    path = out_tables.CALLS.path(out)
+    if not Path(path).is_file():
         return {}
-    df = pl.read_parquet(path, columns=["call_id", "session", "t_start"]).drop_nulls("session")
+    df = out_tables.read(path, columns=["call_id", "session", "t_start"]).drop_nulls("session")
     last = df.sort(["session", "t_start", "call_id"]).group_by("session", maintain_order=True).last()
     return dict(zip(last["session"].to_list(), last["call_id"].to_list()))
 
@@ -85,7 +86,8 @@ def read_rows(run: Path, pad_id: int) -> RunRows:
     _refuse_turn_credit(out)
     counts = dict.fromkeys(COUNTS, 0)
     counts.update(no_sequence=0, unrewarded=0, mismatch_masked=0)
-    seqs = pl.read_parquet(out / "sequences.parquet") if (out / "sequences.parquet").is_file() else pl.DataFrame()
+    sequences = out_tables.SEQUENCES.path(out)
+    seqs = out_tables.read(sequences) if Path(sequences).is_file() else pl.DataFrame()
     calls = read_calls(str(out)) if len(seqs) else {}
     last = _last_calls(out) if len(seqs) else {}
     by_session: dict[str, list[int]] = {}

@@ -90,3 +90,22 @@ def test_an_out_processed_with_turn_credit_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(caught.value)
     (run / "out" / "manifest.json").write_text(json.dumps({"credit": "session"}))
     assert read_rows(run, PAD).rows == {}
+
+
+def test_an_out_of_a_newer_version_is_refused_in_one_line(tmp_path):
+    """The rows read OUT through polar.records.out: a sequences.parquet stamped with a version this polar does not
+    know is refused in one line, never read as if it were this one's."""
+    import pytest
+
+    from polar.records import out as out_tables
+
+    run = tmp_path / "run"
+    (run / "out").mkdir(parents=True)
+    (run / "results.jsonl").write_text(json.dumps({"task": "t", "k": 0, "attempt": 0, "session": "r/t/0/0",
+                                                   "status": "completed", "reward": 1.0}) + "\n")
+    row = seq("A", "r/t/0/0", [5, 6, 7], [0, 1, 1], [0, -0.1, -0.2], 1, ["c1"], [("c1", 1, 3)])
+    pl.DataFrame([row], schema=SEQUENCES_SCHEMA).write_parquet(
+        run / "out" / "sequences.parquet", metadata={out_tables.VERSION_KEY: str(out_tables.VERSION + 1)})
+    with pytest.raises(out_tables.OutVersionError, match="update polar") as caught:
+        read_rows(run, PAD)
+    assert "\n" not in str(caught.value)
