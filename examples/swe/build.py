@@ -10,7 +10,8 @@ tests/config.json, `patch`, `test_patch`, `FAIL_TO_PASS` and `PASS_TO_PASS`. Thi
   known before any image is built;
 - tests/base.bundle, a git bundle of that commit: the pristine repository grade.py resets files from;
 - the copies of the shared files: environment/Dockerfile and .dockerignore (from examples/swe/environment/),
-  tests/grade.py and tests/test.sh (from examples/swe/grading/);
+  tests/grade.py (polar.rollout.swe_grade, rollout/swe_grade.py) and tests/test.sh (from
+  examples/swe/grading/);
 - solution/solve.sh, which applies `patch` in /testbed.
 """
 
@@ -25,10 +26,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+from polar.rollout import swe_grade
+
 HERE = Path(__file__).resolve().parent
 SHARED = {"environment/Dockerfile": HERE / "environment" / "Dockerfile",
           "environment/.dockerignore": HERE / "environment" / ".dockerignore",
-          "tests/grade.py": HERE / "grading" / "grade.py",
+          "tests/grade.py": Path(swe_grade.__file__),
           "tests/test.sh": HERE / "grading" / "test.sh"}
 IGNORED = shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.pyc")
 # environment/Dockerfile's commit, field for field

@@ -1,6 +1,6 @@
 """examples/swe/build.py: every task's derived files are current — base_commit is the commit of environment/repo
 with the Dockerfile's fixed names and dates, base.bundle holds it, solve.sh carries the record's patch, and every
-copy of the shared Dockerfile, grade.py and test.sh equals its source."""
+copy of the shared Dockerfile, test.sh and the grader (polar.rollout.swe_grade) equals its source."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.examples.swe.swe_support import SWE, TASKS, record
+from tests.examples.swe.swe_support import ROOT, SWE, TASKS, record
 
 pytestmark = pytest.mark.unit
 
@@ -22,9 +22,9 @@ def test_derived_files_are_current():
 
 def test_copies_equal_their_sources():
     for task in TASKS:
-        for rel, src in (("tests/grade.py", "grading/grade.py"), ("tests/test.sh", "grading/test.sh"),
-                         ("environment/Dockerfile", "environment/Dockerfile")):
-            assert (SWE / task / rel).read_bytes() == (SWE / src).read_bytes(), f"{task}/{rel}"
+        for rel, src in (("tests/grade.py", ROOT / "rollout" / "swe_grade.py"), ("tests/test.sh", SWE / "grading/test.sh"),
+                         ("environment/Dockerfile", SWE / "environment/Dockerfile")):
+            assert (SWE / task / rel).read_bytes() == src.read_bytes(), f"{task}/{rel}"
 
 
 def test_check_names_a_stale_copy_and_a_moved_base(tmp_path):

@@ -1,22 +1,25 @@
-"""Grades an SWE task the way SWE-bench does, from files the agent could not write.
+"""Grades an SWE task the way SWE-bench does, from files the agent could not change.
 
     python3 /tests/grade.py [--testbed /testbed] [--tests /tests] [--out /logs/verifier]
 
-Every task in examples/swe runs a copy of this file from its tests/ (Harbor tasks are self-contained;
-examples/swe/build.py writes the copies). Standard library, git and the image's pytest only.
+Every SWE task carries a copy of this file in its tests/ (Harbor tasks are self-contained): examples/swe/build.py
+copies it into the example tasks, `polar-tasks from-swebench` into the tasks it writes. Standard library, git and the
+image's pytest only: it runs inside the task's image, as the verifier.
 
-1. The pristine repository is tests/base.bundle (a git bundle of config.json's base_commit), opened in a private
-   bare repository with no system or global configuration. The agent's /testbed/.git is never read: its HEAD,
-   branches, hooks, config and attributes say nothing here, so a commit of the fix (on any branch) grades like the
-   uncommitted fix, and an fsmonitor or a hook it wrote never runs.
+1. The pristine repository is base_commit (tests/config.json) read from tests/base.bundle when the task has one,
+   else from the testbed's .git objects — through a private bare repository with no system or global config that
+   borrows only those objects, every object on the way checked against its hash (a commit id names its content), so
+   neither the agent's HEAD, branches, refs, config, hooks and attributes nor an object it rewrote can change what is
+   restored; an fsmonitor or a hook it wrote never runs. A commit of the fix (on any branch) grades like the
+   uncommitted fix.
 2. Reset to base_commit's content (or removed when base_commit has no such file): every file test_patch touches,
    every file that holds an F2P or P2P test, every test file the agent added (test_*.py, *_test.py, anything under
    a tests/, test/ or testing/ directory), and every pytest configuration or plugin anywhere in the tree
    (conftest.py, pytest.ini, .pytest.ini, tox.ini, setup.cfg, pyproject.toml). A symlink on the way to one of them
    is replaced by a directory first.
 3. test_patch is applied (a patch that does not apply is a grading error, never a reward).
-4. Exactly the F2P and P2P tests run: `python -I -B -m pytest -p no:cacheprovider -rA ID...` in the testbed, with the
-   task's own configuration; -I keeps the testbed off sys.path until pytest's own `pythonpath` puts it there, so a
+4. Exactly the F2P and P2P tests run: `python -I -B -m pytest -p no:cacheprovider -rA ID...` in the testbed, with
+   the task's own configuration; -I keeps the testbed off sys.path until pytest's own `pythonpath` puts it there, so a
    pytest.py the agent wrote is not the pytest that runs. A named test that pytest cannot find counts as not
    collected and the rest run again without it.
 5. Statuses are read as SWE-bench's pytest log parser reads them, from the last short test summary: PASSED and
@@ -25,14 +28,16 @@ examples/swe/build.py writes the copies). Standard library, git and the image's 
 6. /logs/verifier: any reward file found there is removed first; then reward.txt (1 iff every F2P and P2P test
    passes, else 0) and reward.json: `reward` (the same), `graded` (the share of F2P tests passing; 0 when a P2P test
    broke), `resolved`, `f2p_passed`, `f2p_total`, `p2p_passed`, `p2p_total`, and `tests` (each test's status);
-   pytest's output is pytest.log. A grading error (no bundle, a test patch that does not apply, pytest missing)
-   exits 2 with one line on stderr and writes no reward, so the runner records verifier_error rather than a 0.
+   pytest's output is pytest.log. A grading error (base_commit's objects missing or altered, a test patch that does
+   not apply, pytest missing) exits 2 with one line on stderr and writes no reward, so the runner records
+   verifier_error rather than a 0.
 """
 
 from __future__ import annotations
 
 import argparse
 import codecs
+import hashlib
 import json
 import os
 import re
@@ -67,22 +72,27 @@ def git_env(home: Path) -> dict[str, str]:
 
 
 class Base:
-    """base_commit, from tests/base.bundle, in a private bare repository."""
+    """base_commit's files, read from a private bare repository whose objects come from tests/base.bundle, else
+    from the testbed's .git (as an alternate object store, nothing else of it). Every object on the way — the
+    commit, its trees, each blob restored — is checked against its hash, so a rewritten or forged object in an
+    agent-writable store is a grading error, never a restored file."""
 
-    def __init__(self, bundle: Path, commit: str, scratch: Path) -> None:
-        if not bundle.is_file():
-            raise GradingError(f"{bundle} is missing (the task's tests/ must hold base.bundle)")
+    def __init__(self, tests: Path, testbed: Path, commit: str, scratch: Path) -> None:
         self.env, self.git_dir, self.commit = git_env(scratch), scratch / "base.git", commit
-        self._git("clone", "--bare", "--quiet", str(bundle), str(self.git_dir), git_dir=False)
-        if self._git("cat-file", "-t", commit, check=False).stdout.strip() != b"commit":
-            raise GradingError(f"base_commit {commit} is not in {bundle}")
-        listing = self._git("ls-tree", "-r", "-z", "--full-tree", commit).stdout
+        bundle = tests / "base.bundle"
+        if bundle.is_file():
+            self.source = str(bundle)
+            self._git("clone", "--bare", "--quiet", str(bundle), str(self.git_dir), git_dir=False)
+        else:
+            self.source = str(testbed / ".git")
+            self._git("init", "--quiet", "--bare", str(self.git_dir), git_dir=False)
+            self.env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = str(testbed / ".git" / "objects")
+        self.env["GIT_NO_REPLACE_OBJECTS"] = "1"
+        kind, body = self._object(commit, missing=f"base_commit {commit} is not in {self.source}")
+        if kind != b"commit" or not body.startswith(b"tree "):
+            raise GradingError(f"base_commit {commit} in {self.source} is a {kind.decode()}, not a commit")
         self.files: dict[str, tuple[str, str]] = {}  # path -> (mode, blob)
-        for entry in filter(None, listing.split(b"\0")):
-            meta, _, path = entry.partition(b"\t")
-            mode, kind, blob = meta.decode().split()
-            if kind == "blob":
-                self.files[path.decode("utf-8", "surrogateescape")] = (mode, blob)
+        self._walk(body[5:body.index(b"\n")].decode(), "")
 
     def _git(self, *args: str, git_dir: bool = True, check: bool = True, stdin: bytes | None = None,
              cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -95,8 +105,36 @@ class Base:
             raise GradingError(f"git {args[0]} failed: {proc.stderr.decode(errors='replace').strip()[-300:]}")
         return proc
 
+    def _object(self, oid: str, missing: str = "") -> tuple[bytes, bytes]:
+        """(type, content) of object `oid`, its hash checked."""
+        kind = self._git("cat-file", "-t", oid, check=False)
+        if kind.returncode != 0:
+            raise GradingError(missing or f"object {oid} of base_commit is not in {self.source}")
+        kind_name = kind.stdout.strip()
+        body = self._git("cat-file", kind_name.decode(), oid).stdout
+        digest = (hashlib.sha1 if len(oid) == 40 else hashlib.sha256)(
+            kind_name + b" " + str(len(body)).encode() + b"\0" + body).hexdigest()
+        if digest != oid:
+            raise GradingError(f"object {oid} in {self.source} does not hash to its name: the store was tampered with")
+        return kind_name, body
+
+    def _walk(self, tree: str, prefix: str) -> None:
+        kind, body = self._object(tree)
+        width = 20 if len(tree) == 40 else 32
+        pos = 0
+        while pos < len(body):
+            space, nul = body.index(b" ", pos), body.index(b"\0", pos)
+            mode, name = body[pos:space].decode(), body[space + 1:nul].decode("utf-8", "surrogateescape")
+            oid = body[nul + 1:nul + 1 + width].hex()
+            pos = nul + 1 + width
+            if mode == "40000":
+                self._walk(oid, f"{prefix}{name}/")
+            elif mode != "160000":  # a submodule's commit is not a file
+                self.files[prefix + name] = (mode, oid)
+
     def blob(self, path: str) -> bytes:
-        return self._git("cat-file", "blob", self.files[path][1]).stdout
+        kind, body = self._object(self.files[path][1])
+        return body
 
     def apply(self, patch: str, testbed: Path) -> None:
         proc = self._git("--work-tree", str(testbed), "apply", "--whitespace=nowarn", "-", stdin=patch.encode(),
@@ -240,7 +278,7 @@ def grade(testbed: Path, tests: Path, out: Path) -> dict:
     if not f2p:
         raise GradingError("config.json names no FAIL_TO_PASS test")
     with tempfile.TemporaryDirectory(prefix="grade-") as scratch:
-        base = Base(tests / "base.bundle", commit, Path(scratch))
+        base = Base(tests, testbed, commit, Path(scratch))
         reset(testbed, base, to_reset(config, base, tree_files(testbed)))
         base.apply(test_patch, testbed)
         log, missing = run_pytest(testbed, f2p + p2p, Path(scratch))

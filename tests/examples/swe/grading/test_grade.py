@@ -1,5 +1,5 @@
-"""examples/swe/grading/grade.py against the ways agents beat naive graders, each run as the verifier runs it: a
-container of the SWE base image (git, pytest 8.4.1; --network none, uid 1000) with the task's tests/ read-only at
+"""The SWE grader (rollout/swe_grade.py, every task's tests/grade.py) against the ways agents beat naive graders,
+each run as the verifier runs it: a container of the SWE base image (git, pytest 8.4.1; --network none, uid 1000) with the task's tests/ read-only at
 /tests, an empty /logs/verifier, and a /testbed the "agent" left — the cfgmerge task's repository at base_commit
 (a clone of its bundle, which the rollout test checks equals the image's /testbed) after the agent's moves.
 
@@ -10,13 +10,18 @@ Every trap would pass a grader that runs the agent's tests, restores tests from 
 - the right fix committed (HEAD moved) or committed on a new branch with the test files weakened, the .git holding an
   fsmonitor and hooks that would write a marker: 1, and no marker anywhere;
 - a reward.txt = 1 (and reward.json) already in /logs/verifier without a fix: 0;
-- the right fix that breaks a P2P test: 0, graded 0, the P2P test failing."""
+- the right fix that breaks a P2P test: 0, graded 0, the P2P test failing.
+Without tests/base.bundle (the tasks `polar-tasks from-swebench` writes) base_commit comes from the testbed's own
+objects: an edited F2P test committed on a branch still grades 0, the committed fix 1, and a forged object in that
+store is a grading error (exit 2, no reward file), never a reward."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import zlib
 from pathlib import Path
 
 import pytest
@@ -127,12 +132,13 @@ TRAPS = {  # agent move -> (reward, graded, the failing tests)
 }
 
 
-def run_verifier(swe_base: dict, tree: Path, out: Path) -> subprocess.CompletedProcess:
+def run_verifier(swe_base: dict, tree: Path, out: Path, tests: Path = SWE / TASK / "tests"
+                 ) -> subprocess.CompletedProcess:
     for path in (tree, out):
         subprocess.run(["chown", "-R", "1000:1000", str(path)], check=True)
     return subprocess.run(
         ["docker", "run", "--rm", "--network", "none", "--user", "1000:1000", "-e", "HOME=/tmp",
-         "-v", f"{tree}:/testbed", "-v", f"{SWE / TASK / 'tests'}:/tests:ro", "-v", f"{out}:/logs/verifier",
+         "-v", f"{tree}:/testbed", "-v", f"{tests}:/tests:ro", "-v", f"{out}:/logs/verifier",
          swe_base["image"], "bash", "/tests/test.sh"],
         env={**os.environ, "DOCKER_HOST": swe_base["host"]}, capture_output=True, text=True, timeout=120)
 
@@ -152,3 +158,44 @@ def test_trap(trap, swe_base, tmp_path):
     assert not (tree / "AGENT-CODE-RAN").exists() and not (out / "AGENT-CODE-RAN").exists()
     log = (out / "pytest.log").read_text()
     assert "-p no:cacheprovider" in log and "pytest-8.4.1" in log  # the image's pytest, the task's own config
+
+
+def bundleless_tests(root: Path) -> Path:
+    tests = root / "tests"
+    shutil.copytree(SWE / TASK / "tests", tests, ignore=shutil.ignore_patterns("base.bundle", "__pycache__"))
+    return tests
+
+
+@pytest.mark.parametrize("trap", ["edits_f2p", "commits_on_a_branch", "breaks_p2p"])
+def test_without_a_bundle_the_testbed_objects_are_the_base(trap, swe_base, tmp_path):
+    move, reward, graded, fails = TRAPS[trap]
+    tree, out = base_tree(TASK, tmp_path / "testbed"), tmp_path / "verifier"
+    out.mkdir()
+    move(tree, out)
+    if trap == "edits_f2p":  # and the weakened tests committed, so HEAD holds them
+        git(tree, "commit", "-q", "-am", "Tests that pass")
+    proc = run_verifier(swe_base, tree, out, bundleless_tests(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads((out / "reward.json").read_text())
+    assert (doc["reward"], doc["graded"], failing(doc)) == (reward, graded, sorted(fails)), proc.stdout
+
+
+def test_a_forged_base_object_is_a_grading_error(swe_base, tmp_path):
+    tree, out = base_tree(TASK, tmp_path / "testbed"), tmp_path / "verifier"
+    out.mkdir()
+    objects = tree / ".git" / "objects"
+    for pack in (objects / "pack").glob("*.pack"):  # every object loose, so the forged one is the one git reads
+        data = pack.read_bytes()
+        pack.unlink()
+        pack.with_suffix(".idx").unlink()
+        subprocess.run(["git", "unpack-objects", "-q"], cwd=tree, input=data, check=True)
+    blob = subprocess.run(["git", "rev-parse", "HEAD:tests/test_merge.py"], cwd=tree, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    loose = objects / blob[:2] / blob[2:]
+    weak = (tree / "tests" / "test_merge.py").read_bytes() + b"\ndef test_inputs_are_left_unchanged():\n    pass\n"
+    loose.chmod(0o644)
+    loose.write_bytes(zlib.compress(b"blob %d\0" % len(weak) + weak))
+    proc = run_verifier(swe_base, tree, out, bundleless_tests(tmp_path))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"object {blob}" in proc.stderr and "tampered" in proc.stderr
+    assert sorted(p.name for p in out.iterdir()) == []
