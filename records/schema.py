@@ -27,6 +27,8 @@ from collections.abc import Iterable
 
 import msgpack
 
+from polar.records import protocols
+
 VERSION = 4
 # A weight_version's most characters: the gateway's control endpoint and polar-vllm reload refuse longer ones.
 MAX_VERSION_CHARS = 256
@@ -36,7 +38,7 @@ ASCII_ID_FIELDS = ("prompt_token_ids", "prompt_tail_ids")
 # msgpack ExtType code of token ids as ASCII decimal digits joined by commas (b"1,22,333"; b"" is no id)
 ASCII_IDS = 1
 
-PROTOCOLS = ("anthropic_messages", "openai_chat", "openai_responses", "google_generate")
+PROTOCOLS = protocols.PROTOCOLS  # its home is polar.records.protocols (the SDK agent reads it in a sandbox)
 ERROR_STAGES = (
     "agent_input",
     "backend_connect",

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+from polar.records import protocols
 from polar.rollout import clis as agentlib
 from polar.rollout.common import proxy_url
 from polar.rollout.images.runtime import INSIDE as RUNTIME_INSIDE, site_packages_of
@@ -35,10 +36,13 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 IMAGE_LIB = "/run/polar/lib"
 IMAGE_NPM = "/run/polar/npm"
 IMAGE_AGENT_DIR = "/run/polar/agent"
-# What a python: agent's sandbox gets of polar, under polar/rollout/: the agents wing (its import budget is the
-# standard library: rollout/agents/__init__.py) and the two names users type, never the rest of the repository.
+# What a python: agent's sandbox gets of polar, (path under polar/, host file): the agents wing (its import budget is
+# the standard library: rollout/agents/__init__.py), the two names users type and the protocols' standard-library
+# leaf — never the rest of the repository.
 ROLLOUT_DIR = Path(__file__).parent
-AGENT_FILES = ("agents/__init__.py", "agents/pyagent.py", "agents/sdk_agent.py", "pyagent.py", "sdk_agent.py")
+AGENT_FILES = (*((f"rollout/{rel}", ROLLOUT_DIR / rel) for rel in (
+    "agents/__init__.py", "agents/pyagent.py", "agents/sdk_agent.py", "pyagent.py", "sdk_agent.py")),
+    ("records/protocols.py", Path(protocols.__file__)))
 PYAGENT = "polar.rollout.agents.pyagent"
 DEFAULT_VERIFY_TIMEOUT = 600.0
 
@@ -103,8 +107,8 @@ def agent_command(ctx: SampleContext, job: SampleJob, session: str, app: Path, h
         instr.write_text(instruction, encoding="utf-8")
         if boxed:
             mounts.append(sb.Mount(Path(ctx.venv), IN_VENV, False))
-            for rel in AGENT_FILES:
-                mounts.append(sb.Mount(ROLLOUT_DIR / rel, f"{IN_LIB}/polar/rollout/{rel}", False))
+            for rel, host in AGENT_FILES:
+                mounts.append(sb.Mount(host, f"{IN_LIB}/polar/{rel}", False))
             python = f"{IN_VENV}/bin/python"
             env["PATH"] = f"{IN_VENV}/bin:{SANDBOX_PATH}"
             env["PYTHONPATH"] = IN_LIB
@@ -152,7 +156,7 @@ def image_agent_command(ctx: SampleContext, job: SampleJob, session: str, home: 
     if ctx.agent.kind == "python":
         (home / ".polar" / "instruction.md").write_text(instruction, encoding="utf-8")
         mounts.append(sb.Mount(site_packages_of(Path(ctx.venv)), rt.site_packages, False))
-        files = tuple((f"lib/polar/rollout/{rel}", ROLLOUT_DIR / rel) for rel in AGENT_FILES)
+        files = tuple((f"lib/polar/{rel}", host) for rel, host in AGENT_FILES)
         if job.task.agent_dir is not None:
             mounts.append(sb.Mount(Path(job.task.agent_dir), IMAGE_AGENT_DIR, False))
             env["POLAR_AGENT_DIR"] = IMAGE_AGENT_DIR

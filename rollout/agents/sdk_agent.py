@@ -15,12 +15,13 @@ from __future__ import annotations
 import json
 import os
 
+from polar.records.protocols import PROTOCOLS  # a standard-library leaf, bound into the sandbox beside this file
+
 TOOL_NAME = "write_file"
 TOOL_DESC = "Write a text file in the current directory (the task's workdir)."
 TOOL_SCHEMA = {"type": "object", "properties": {
     "path": {"type": "string", "description": "file name, relative to the workdir"},
     "content": {"type": "string", "description": "the whole file"}}, "required": ["path", "content"]}
-PROTOCOLS = ("anthropic_messages", "openai_chat", "openai_responses", "google_generate")
 # What a warm slot's zygote imports once (rollout/sandbox/warm.py): the SDKs, imported lazily per protocol otherwise.
 POLAR_PRELOAD = ("anthropic", "openai", "google.genai")
 
