@@ -9,10 +9,10 @@ tests/config.json, `patch`, `test_patch`, `FAIL_TO_PASS` and `PASS_TO_PASS`. Thi
   makes of environment/repo (the same names, dates and message as environment/Dockerfile's RUN), so its hash is
   known before any image is built;
 - tests/base.bundle, a git bundle of that commit: the pristine repository grade.py resets files from;
-- the copies of the shared files: environment/Dockerfile and .dockerignore (from examples/swe/environment/),
-  tests/grade.py (polar.rollout.swe_grade, rollout/swe_grade.py) and tests/test.sh (from
-  examples/swe/grading/);
-- solution/solve.sh, which applies `patch` in /testbed.
+- the copies of the shared files: environment/Dockerfile and .dockerignore (from examples/swe/environment/) and
+  tests/grade.py (polar.rollout.swe_grade, rollout/swe_grade.py);
+- tests/test.sh and solution/solve.sh (applying `patch` in /testbed) as `polar-tasks from-swebench` writes them
+  (polar.rollout.swebench), so the example tasks and the converted ones grade alike.
 """
 
 from __future__ import annotations
@@ -26,13 +26,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from polar.rollout import swe_grade
+from polar.rollout import swe_grade, swebench
 
 HERE = Path(__file__).resolve().parent
 SHARED = {"environment/Dockerfile": HERE / "environment" / "Dockerfile",
           "environment/.dockerignore": HERE / "environment" / ".dockerignore",
-          "tests/grade.py": Path(swe_grade.__file__),
-          "tests/test.sh": HERE / "grading" / "test.sh"}
+          "tests/grade.py": Path(swe_grade.__file__)}
 IGNORED = shutil.ignore_patterns("__pycache__", ".pytest_cache", "*.pyc")
 # environment/Dockerfile's commit, field for field
 IDENTITY = {"GIT_AUTHOR_NAME": "Polar SWE", "GIT_AUTHOR_EMAIL": "swe@polar.invalid",
@@ -40,13 +39,6 @@ IDENTITY = {"GIT_AUTHOR_NAME": "Polar SWE", "GIT_AUTHOR_EMAIL": "swe@polar.inval
             "GIT_COMMITTER_EMAIL": "swe@polar.invalid", "GIT_COMMITTER_DATE": "2026-01-05T12:00:00+00:00"}
 MESSAGE = "Base commit"
 RECORD_KEYS = ("instance_id", "repo", "base_commit", "patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS")
-SOLVE = """#!/bin/bash
-# The reference fix: tests/config.json's `patch`, applied in /testbed (examples/swe/build.py writes this file).
-set -euo pipefail
-cd /testbed
-git -c safe.directory='*' apply --whitespace=nowarn <<'POLAR_GOLD_PATCH'
-{patch}POLAR_GOLD_PATCH
-"""
 
 
 def tasks(only: list[str]) -> list[Path]:
@@ -98,7 +90,7 @@ def derive(task: Path, check: bool) -> list[str]:
     record = {k: want.get(k, config.get(k)) for k in RECORD_KEYS}
     record.update({k: v for k, v in config.items() if k not in record})
     files = {"tests/config.json": json.dumps(record, indent=2, ensure_ascii=False) + "\n",
-             "solution/solve.sh": SOLVE.format(patch=record["patch"])}
+             "tests/test.sh": swebench.TEST_SH, "solution/solve.sh": swebench.solve_script(record["patch"])}
     files.update({rel: src.read_text() for rel, src in SHARED.items()})
     for rel, text in files.items():
         path = task / rel

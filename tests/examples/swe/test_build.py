@@ -1,6 +1,7 @@
 """examples/swe/build.py: every task's derived files are current — base_commit is the commit of environment/repo
 with the Dockerfile's fixed names and dates, base.bundle holds it, solve.sh carries the record's patch, and every
-copy of the shared Dockerfile, test.sh and the grader (polar.rollout.swe_grade) equals its source."""
+copy of the shared Dockerfile, the grader (polar.rollout.swe_grade) and test.sh (polar.rollout.swebench) equals
+its source."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 
 import pytest
 
+from polar.rollout import swebench
 from tests.examples.swe.swe_support import ROOT, SWE, TASKS, record
 
 pytestmark = pytest.mark.unit
@@ -22,9 +24,10 @@ def test_derived_files_are_current():
 
 def test_copies_equal_their_sources():
     for task in TASKS:
-        for rel, src in (("tests/grade.py", ROOT / "rollout" / "swe_grade.py"), ("tests/test.sh", SWE / "grading/test.sh"),
+        for rel, src in (("tests/grade.py", ROOT / "rollout" / "swe_grade.py"),
                          ("environment/Dockerfile", SWE / "environment/Dockerfile")):
             assert (SWE / task / rel).read_bytes() == src.read_bytes(), f"{task}/{rel}"
+        assert (SWE / task / "tests/test.sh").read_text() == swebench.TEST_SH
 
 
 def test_check_names_a_stale_copy_and_a_moved_base(tmp_path):

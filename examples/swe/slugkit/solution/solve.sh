@@ -1,5 +1,5 @@
 #!/bin/bash
-# The reference fix: tests/config.json's `patch`, applied in /testbed (examples/swe/build.py writes this file).
+# The reference fix: tests/config.json's `patch`, applied in /testbed.
 set -euo pipefail
 cd /testbed
 git -c safe.directory='*' apply --whitespace=nowarn <<'POLAR_GOLD_PATCH'
