@@ -58,6 +58,7 @@ class SampleContext:
     connect: str = "proxy"  # --connect: proxy | base-url
     envs: dict[str, Any] | None = None  # task id → TaskEnv (rollout/images/environments.py); None: every task in the host view
     runtime: Any = None  # the sandbox runtime (rollout/images/runtime.py's Runtime) when a task runs in an image
+    reward_key: str = "reward"  # --reward-key: the key of reward.json a sample's reward is (rollout/verify.py)
 
 
 @dataclass

@@ -24,7 +24,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from polar.records.files import write_atomic
 from polar.records.results import latest_by_sample
@@ -139,15 +139,18 @@ class Results:
                 os.close(fd)
 
 
-def rewards_lines(lines: Iterable[dict]) -> list[dict]:
-    """rewards.jsonl: the latest attempt per sample, rewarded statuses only, reward exactly as in results."""
+def rewards_lines(lines: Iterable[dict], carry: Callable[[dict], dict] | None = None) -> list[dict]:
+    """rewards.jsonl: the latest attempt per sample, rewarded statuses only, reward exactly as in results; `carry`
+    adds a line's keys for polar-process's sft.jsonl (`resolved`, `patch`: rollout/patches.py)."""
     out = []
     for _, line in sorted(latest_by_sample(lines).items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
         if line.get("status") in REWARDED and line.get("reward") is not None:
-            out.append({"session": line["session"], "reward": line["reward"], "group": line["group"]})
+            out.append({"session": line["session"], "reward": line["reward"], "group": line["group"],
+                        **(carry(line) if carry is not None else {})})
     return out
 
 
-def write_rewards(path: Path, lines: list[dict]) -> None:
+def write_rewards(path: Path, lines: list[dict], carry: Callable[[dict], dict] | None = None) -> None:
     """RUN/rewards.jsonl from results.jsonl's lines, replaced whole."""
-    write_atomic(path, "".join(json.dumps(item, allow_nan=False) + "\n" for item in rewards_lines(lines)))
+    write_atomic(path, "".join(json.dumps(item, allow_nan=False, ensure_ascii=False) + "\n"
+                               for item in rewards_lines(lines, carry)))

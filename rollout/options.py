@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from polar.records.cliargs import OneLineParser, positive_int
 from polar.rollout import clis as agentlib
 from polar.rollout.common import UsageError
+from polar.rollout.images import pull
 from polar.rollout.job import AgentSpec
 from polar.rollout.sandbox import registry
 
@@ -47,13 +48,15 @@ class Options:
     connect: str = "proxy"  # how agents reach the gateway: proxy (HTTPS_PROXY) or base-url (their base URL)
     image_map: list[str] = field(default_factory=list)  # --image-map REF=LOCAL / @FILE (rollout/images/refs.py)
     build_network: str | None = None  # None: none (or the resumed run's); host lets RUN steps reach the registries
+    reward_key: str | None = None  # None: reward (or the resumed run's): the key of reward.json a run trains on
+    pull: str | None = None  # None: $POLAR_ROLLOUT_PULL, else missing (or the resumed run's) (images/pull.py)
 
 
 # Options a resumed run must keep (its identity), and the ones it takes from run.json unless given again.
 IDENTITY = ("tasks", "agent", "samples", "sandbox")
 REUSED = ("parallel", "image", "model", "agent_timeout", "verify_timeout", "proxy_set", "upstream", "proxy_json",
           "retry_infra", "no_process", "process_opt", "sft_min_reward", "engine", "ray_address", "confdir", "npm_dir",
-          "warm_agents", "connect", "image_map", "build_network")
+          "warm_agents", "connect", "image_map", "build_network", "reward_key", "pull")
 
 
 def check_options(o: Options) -> AgentSpec:
@@ -82,6 +85,10 @@ def check_options(o: Options) -> AgentSpec:
     if o.image and not box.runs_images:
         raise UsageError("--image runs every task in that image: it needs --sandbox docker or --sandbox bwrap")
     o.build_network = o.build_network or "none"
+    o.reward_key = o.reward_key or "reward"
+    o.pull = o.pull or pull.default_policy()
+    if o.pull not in pull.PULL_POLICIES:
+        raise UsageError(f"--pull must be missing or never (got {o.pull})")
     if o.build_network not in ("none", "host"):
         raise UsageError(f"--build-network must be none or host (got {o.build_network})")
     if o.warm_agents and (not box.warm_slots or agent.kind != "python"):
@@ -141,8 +148,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _reward_key(text: str) -> str:
+    if not text.strip() or text != text.strip():
+        raise argparse.ArgumentTypeError(f"must name a key of reward.json, e.g. graded (got {text!r})")
+    return text
+
+
 def _environment_arguments(p: argparse.ArgumentParser) -> None:
-    """Where a task runs: its own image (Dockerfile, docker_image), a mapped one, or one for every task."""
+    """Where a task runs: its own image (Dockerfile, docker_image), a mapped one, or one for every task; and which
+    of its grader's numbers is the reward."""
+    p.add_argument("--reward-key", type=_reward_key, metavar="KEY",
+                   help="the key of reward.json the run trains on, e.g. graded (a sample whose reward.json lacks it "
+                        "is verifier_error) (default: reward, else reward.json's only key, else reward.txt)")
     p.add_argument("--image", metavar="IMAGE",
                    help="run every task in this image (a local reference; --image-map applies) instead of the "
                         "environment each task names (default: each task's own)")
@@ -152,6 +169,10 @@ def _environment_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--build-network", choices=("none", "host"), default=None,
                    help="the network of a task's Dockerfile build: none, or host (RUN pip/apt reach the registries "
                         "this machine reaches — and its loopback services) (default: none)")
+    p.add_argument("--pull", choices=pull.PULL_POLICIES, default=None,
+                   help="an image or Dockerfile base that is neither mapped nor local: missing = the docker daemon "
+                        "pulls it (its own credentials), never = the task's infra_error (default: "
+                        f"${pull.PULL_ENV}, else missing)")
 
 
 def parser(out_required: bool = True) -> argparse.ArgumentParser:
@@ -242,4 +263,5 @@ def options(args: argparse.Namespace):
         no_process=args.no_process, process_opt=list(args.process_opt), sft_min_reward=args.sft_min_reward,
         skip_preflight=args.skip_preflight, engine=args.engine, ray_address=args.ray_address,
         progress=args.progress, confdir=args.confdir, npm_dir=args.npm_dir, warm_agents=args.warm_agents,
-        connect=args.connect or "proxy", image_map=list(args.image_map), build_network=args.build_network)
+        connect=args.connect or "proxy", image_map=list(args.image_map), build_network=args.build_network,
+        reward_key=args.reward_key, pull=args.pull)

@@ -6,6 +6,8 @@ One run lives in one directory RUN:
     RUN/results.jsonl     one line per attempt, appended as it ends (RESULT_FIELDS); a sample's latest line decides
     RUN/rewards.jsonl     polar-process's rewards, rewritten from results.jsonl just before processing
     RUN/samples/<task>/<k>/<attempt>/{agent.stdout, agent.stderr, final.diff, verifier/, verifier.log, sample.json}
+    RUN/predictions.jsonl each sample's git patch in SWE-bench's shape (rollout/patches.py), when a start state is a
+                          git repository
     RUN/builds/<task>.log the image build of a task whose environment is a Dockerfile (rollout/images/environments.py)
     RUN/flows/            the flow records of the proxy the runner started (--upstream)
     RUN/out/              polar-process's outputs (one --session-prefix per task: preflight sessions left out)
@@ -22,7 +24,8 @@ rewards, processing and the summary. Each step lives in a module of its own:
     proxyctl.py   the proxy's lifecycle                  preflight.py   the canary call and canary sample
     job.py        a sample's inputs                      sample.py      one attempt, start to end
     agentcmd.py   the agent's argv, env and mounts       verify.py      the verifier and the reward file rule
-    flowwatch.py  calls per session, from the records    treediff.py    final.diff
+    flowwatch.py  calls per session, from the records    treediff.py    final.diff (a tree's text diff)
+    patches.py    final.diff as a git patch, predictions.jsonl, what a reward line carries (gitpatch.py: the patch)
     ledger.py     the result row, results/rewards.jsonl  schedule.py    local and Ray scheduling, Ctrl-C
     progress.py   the bar / lines on stderr              processing.py  polar-process
     summary.py    summary.json and the exit code         procs.py       process control
@@ -44,7 +47,7 @@ from pathlib import Path
 
 from polar.launch import paths
 from polar.records.results import latest_by_sample
-from polar.rollout import proxyctl, resume
+from polar.rollout import patches, proxyctl, resume
 from polar.rollout.reporter import Reporter
 from polar.rollout.sandbox import control, registry
 from polar.rollout.common import CANCEL, PREFLIGHT, VERSION, UsageError, lock_dir, now, read_json, write_json
@@ -55,7 +58,9 @@ from polar.rollout.preflight import run_preflight
 from polar.rollout.processing import run_processor
 from polar.rollout.progress import Progress
 from polar.rollout.proxyctl import Proxy
+from polar.rollout.sample import DEFAULT_AGENT_TIMEOUT
 from polar.rollout.schedule import Plan, execute
+from polar.rollout.specs import DEFAULT_VERIFY_TIMEOUT
 from polar.rollout.summary import RunShape, summarize
 
 RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -134,7 +139,8 @@ class Runner:
         progress.end()
         proxyctl.stop_proxy(self.proxy)  # its flow files are closed (renamed .msgpack) before processing
         lines = self.results.read()
-        write_rewards(self.run_dir / "rewards.jsonl", lines)
+        write_rewards(self.run_dir / "rewards.jsonl", lines, lambda line: patches.carried(self.run_dir, line))
+        self._predictions(lines)
         if self.cancelled:
             self.report.note(f"cancelled; results and records kept in {self.run_dir} (continue with --resume)")
             return summarize(self._shape(), lines, None, True, self.report)
@@ -241,7 +247,7 @@ class Runner:
                              f"default is true); here a sandbox reaches the proxy and nothing else")
         self.envs = envlib.prepare(self.tasks, envlib.PhaseOptions(
             image=o.image, image_map=image_map, build_network=o.build_network, sandbox=o.sandbox,
-            builds_dir=self.run_dir / "builds"), log=self.report.note)
+            builds_dir=self.run_dir / "builds", pull=o.pull), log=self.report.note)
         for env in self.envs.values():
             if env.substitutions and not env.error:
                 self.report.note(f"task {env.task}: runs on a substituted base "
@@ -307,7 +313,7 @@ class Runner:
             image="polar-sandbox:1", model=o.model, proxy_port=p.port, ca_pem=p.ca_pem,
             ca_bundle=p.ca_bundle, flows=p.flows, venv=sys.prefix, npm_dir=str(npm or ""),
             agent_timeout=o.agent_timeout, verify_timeout=o.verify_timeout, warm=o.warm_agents,
-            connect=o.connect, envs=self.envs, runtime=self.runtime)
+            connect=o.connect, envs=self.envs, runtime=self.runtime, reward_key=o.reward_key)
 
     # -- preflight ------------------------------------------------------------------------------------------------
     def _preflight(self) -> None:
@@ -323,6 +329,15 @@ class Runner:
         self._save_run_doc()
 
     # -- after the samples ------------------------------------------------------------------------------------------
+    def _predictions(self, lines: list[dict]) -> None:
+        """RUN/predictions.jsonl: each git patch in SWE-bench's shape (rollout/patches.py)."""
+        run_id = self.run_doc["run_id"]
+        model = (patches.served_model(self.proxy.flows, run_id) if self.proxy is not None else None) \
+            or self.opts.model or "unknown"
+        records = {t.id: patches.task_record(t.path) for t in self.tasks}
+        if patches.write_predictions(self.run_dir, lines, records, model):
+            self.report.note(f"predictions (SWE-bench's shape, model {model}): {self.run_dir / 'predictions.jsonl'}")
+
     def _process(self) -> dict:
         o, p = self.opts, self.proxy
         assert p is not None
@@ -332,7 +347,14 @@ class Runner:
     def _shape(self) -> RunShape:
         o = self.opts
         return RunShape(run_dir=self.run_dir, run_id=self.run_doc["run_id"], task_ids=[t.id for t in self.tasks],
-                        samples=o.samples, agent=self.agent.text, sandbox=o.sandbox, no_process=o.no_process)
+                        samples=o.samples, agent=self.agent.text, sandbox=o.sandbox, no_process=o.no_process,
+                        time_limits={t.id: time_limits(o, t) for t in self.tasks})
+
+
+def time_limits(o: Options, task) -> dict:
+    """A task's time limits as its samples get them (--agent-timeout / --verify-timeout, else task.toml, else 600 s)."""
+    return {"agent_s": o.agent_timeout or task.agent_timeout_sec or DEFAULT_AGENT_TIMEOUT,
+            "verifier_s": o.verify_timeout or task.verifier_timeout_sec or DEFAULT_VERIFY_TIMEOUT}
 
 
 def main(opts: Options, report: Reporter | None = None) -> int:

@@ -19,7 +19,7 @@ from polar.rollout.sandbox.base import SandboxError
 from polar.rollout.sandbox.run import run_sandboxed
 from polar.rollout.specs import agent_spec, task_env
 from polar.rollout.proxyctl import probe_ready
-from polar.rollout.treediff import tree_diff
+from polar.rollout.patches import task_record, write_final_diff
 from polar.rollout.verify import run_verifier
 
 DEFAULT_AGENT_TIMEOUT = 600.0
@@ -123,8 +123,9 @@ class _Attempt:
         self.lap("agent")  # the wait for the records of the calls it was in belongs to the agent's time
         result["calls"], result["trainable_tokens"] = counts.calls, counts.tokens
         self.detail["calls_with_token_ids"] = counts.with_ids
-        if not job.canary:
-            (self.sample_dir / "final.diff").write_text(tree_diff(start_state(ctx, job), app), encoding="utf-8")
+        if not job.canary:  # a git patch against the base commit when the start state is a repository
+            self.detail["final_diff"] = write_final_diff(self.sample_dir / "final.diff", start_state(ctx, job), app,
+                                                         task_record(job.task.path))
         _agent_status(ctx, result, res, counts.calls, counts.with_ids, timeout)
         if result["status"] in ("completed", "agent_error") and not job.canary:
             run_verifier(ctx, job, result, self.detail, self.sample_dir, self.work, app, self.lap)

@@ -38,9 +38,13 @@ NETWORK_FAILURE = re.compile(r"Temporary failure in name resolution|Could not re
                              re.IGNORECASE)
 
 
-def read_reward(verifier_dir: Path) -> tuple[float | None, Any, str | None]:
-    """(reward, reward_details, error): reward.json's `reward` (else its only key), else reward.txt's one float."""
+def read_reward(verifier_dir: Path, key: str = "reward") -> tuple[float | None, Any, str | None]:
+    """(reward, reward_details, error): reward.json's `reward` (else its only key), else reward.txt's one float.
+    Another `key` (--reward-key) is reward.json's value of that key, and nothing else: a reward.json without it, or
+    only a reward.txt, is an error (a 0 would train on what the grader did not say)."""
     j, t = verifier_dir / "reward.json", verifier_dir / "reward.txt"
+    if key != "reward":
+        return _read_key(j, key)
     if j.is_file():
         try:
             doc = json.loads(j.read_text(encoding="utf-8"))
@@ -67,6 +71,24 @@ def read_reward(verifier_dir: Path) -> tuple[float | None, Any, str | None]:
             return None, None, f"reward.txt's reward {text!r} is not finite"
         return value, None, None
     return None, None, "the verifier wrote no reward.json or reward.txt in /logs/verifier"
+
+
+def _read_key(path: Path, key: str) -> tuple[float | None, Any, str | None]:
+    """--reward-key KEY: reward.json's value of KEY, a finite number."""
+    if not path.is_file():
+        return None, None, f"--reward-key {key}: the verifier wrote no reward.json in /logs/verifier"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        return None, None, f"reward.json is not JSON ({exc})"
+    if not isinstance(doc, dict) or key not in doc:
+        keys = ", ".join(sorted(doc)) if isinstance(doc, dict) else type(doc).__name__
+        return None, doc if isinstance(doc, dict) else None, (f"--reward-key {key}: reward.json has no {key!r} key "
+                                                              f"(it has: {keys})")
+    value = doc[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None, doc, f"--reward-key {key}: reward.json's {key} {value!r} is not a finite number"
+    return float(value), doc, None
 
 
 def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict, sample_dir: Path, work: Path, app: Path,
@@ -107,7 +129,7 @@ def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict,
         result["status"], result["reward"] = "verifier_timeout", 0.0
         result["error"] = f"the verifier did not finish within {timeout:g} s"
         return
-    reward, details, error = read_reward(vdir)
+    reward, details, error = read_reward(vdir, ctx.reward_key)
     result["reward_details"] = details
     if error is not None:
         result["status"], result["reward"] = "verifier_error", None

@@ -34,6 +34,9 @@ CAPTURES_DIR = os.path.normpath(os.path.join(ROOT, "..", "shared", "captures"))
 WHOLE_SUITE_REROUTED = os.environ.get("POLAR_TEST_DIVERT") == "0"  # tests/support/gateway.py sets it on every start
 OUTCOMES: dict[str, tuple[str, str]] = {}  # node id -> (known_skips.SKIPPED | RAN | NOT_INSTALLED, the skip's reason)
 SKIP_PROBLEMS: list[str] = []
+# polar-rollout --pull's default for every run the suite starts (its own, polar-train's, the TRL integration's): no
+# test reaches a registry it did not start; tests/rollout/test_pull.py passes --pull missing against its own.
+os.environ["POLAR_ROLLOUT_PULL"] = "never"
 
 
 def pytest_configure(config):

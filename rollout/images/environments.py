@@ -9,7 +9,8 @@ Rules.
    own root filesystem, read-only, with the sample's copy of the image's WORKDIR writable.
 2. References are mapped with `--image-map` (a Dockerfile's FROM, ARG-named bases and `COPY --from` included, by
    polar.rollout.dockerfile; a named image by `ImageMap.lookup`). An image that is neither mapped nor in the local
-   docker daemon is the task's error — no registry is reachable, so nothing is pulled.
+   docker daemon is pulled by the daemon under `--pull missing` (rollout/images/pull.py); under `--pull never`, or
+   when the pull fails (the registry's answer in the error), it is the task's error.
 3. A Dockerfile is built by the local docker daemon, the task's `environment/` (or the compose file's context) as the
    build context, the rewritten Dockerfile on stdin, within `build_timeout_sec` (600 s by default), with
    `--network none` unless `--build-network host` (which lets `RUN pip/apt` reach the registries this machine
@@ -45,6 +46,8 @@ from pathlib import Path
 
 from polar.rollout.images import sources as imagelib
 from polar.rollout.images.dockerfile import rewrite_dockerfile
+from polar.rollout.images.pull import PullError
+from polar.rollout.images.pull import pull as pull_image
 from polar.rollout.images.refs import ImageError, ImageMap
 from polar.rollout.sandbox import registry
 
@@ -161,6 +164,7 @@ class PhaseOptions:
     build_network: str  # --build-network
     sandbox: str
     builds_dir: Path  # RUN/builds
+    pull: str = "never"  # --pull: missing (the daemon pulls an image that is not local) or never
 
 
 def prepare(tasks: list, opts: PhaseOptions, log=None) -> dict[str, TaskEnv]:
@@ -205,9 +209,7 @@ def _image_env(task, choice, opts: PhaseOptions, docker: Docker, buildkit: bool,
         local = opts.image_map.lookup(named) or named
         if local != named:
             subs = ((named, local),)
-        info = docker.local(local)
-        if info is None:
-            raise EnvironmentError_(_missing(named, local))
+        info = _local_or_pulled(docker, named, local, opts.pull, log)
         image = local
     else:
         named = str(choice.dockerfile.relative_to(task.path)) if choice.dockerfile else choice.source
@@ -228,8 +230,23 @@ def _image_env(task, choice, opts: PhaseOptions, docker: Docker, buildkit: bool,
 
 def _missing(named: str, local: str) -> str:
     shown = named if named == local else f"{named} (mapped to {local})"
-    return (f"image {shown} is not in the local docker daemon, and no registry is reachable: load it (docker load), "
-            f"or map it with --image-map {named}=LOCAL (scripts/setup --images builds stand-ins)")
+    return (f"image {shown} is not in the local docker daemon (--pull never): load it (docker load), pull it, or map "
+            f"it with --image-map {named}=LOCAL (scripts/setup --images builds stand-ins)")
+
+
+def _local_or_pulled(docker: Docker, named: str, local: str, policy: str, log) -> dict:
+    """Rule 2: the local image's inspect document; under --pull missing one that is not local is pulled first."""
+    info = docker.local(local)
+    if info is None and policy == "missing":
+        log(f"pulling {local} (--pull missing)")
+        try:
+            pull_image(docker.exe, local)
+        except PullError as exc:
+            raise EnvironmentError_(str(exc)) from None
+        info = docker.inspect(local)
+    if info is None:
+        raise EnvironmentError_(_missing(named, local))
+    return info
 
 
 def _build(task, choice, opts: PhaseOptions, docker: Docker, buildkit: bool, log):
@@ -246,11 +263,8 @@ def _build(task, choice, opts: PhaseOptions, docker: Docker, buildkit: bool, log
                                 f"(an ARG without a default?); give the ARG a default")
     base_ids: dict[str, str] = {}
     for ref in [*rewritten.local_bases, *(b.text for b in rewritten.unmapped)]:
-        info = docker.local(ref)
-        if info is None:
-            original = next((s.original for s in rewritten.substitutions if s.local == ref), ref)
-            raise EnvironmentError_(_missing(original, ref))
-        base_ids[ref] = info["Id"]
+        original = next((s.original for s in rewritten.substitutions if s.local == ref), ref)
+        base_ids[ref] = _local_or_pulled(docker, original, ref, opts.pull, log)["Id"]
     key = imagelib.environment_key(choice.context, rewritten.text, base_ids)
     tag = f"polar-env/{TAG_PART.sub('-', task.id.lower()).strip('.-_') or 'task'}:{key[:24]}"
     subs = tuple(dict.fromkeys((s.original, s.local) for s in rewritten.substitutions))
