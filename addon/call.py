@@ -70,13 +70,10 @@ class PendingCall:
     record_id: str
     conn_id: str
     host: str
-    port: int
     method: str
     path: str  # without key=
-    raw_path: str
     headers: list[tuple[str, str]]
-    body: bytes
-    content_encoding: str | None
+    body: bytes  # decoded (its content-encoding undone)
     conn_user: str | None
     t_start: float
     decode_error: str | None = None

@@ -22,17 +22,16 @@ from .call import PendingCall, strip_key_param
 from .endpoint import Request
 
 
-def pending_call(*, conn_id: str, conn_user: str | None, proxy_auth: str | None, host: str, port: int | None,
-                 method: str, raw_path: str, headers: list[tuple[str, str]], body: bytes,
+def pending_call(*, conn_id: str, conn_user: str | None, proxy_auth: str | None, host: str, method: str,
+                 raw_path: str, headers: list[tuple[str, str]], body: bytes,
                  content_encoding: str | None, too_large: bool = False) -> PendingCall:
     """A call as the endpoint serves it. `too_large`: the body is refused on its size, so it is never decoded."""
     path, _ = strip_key_param(raw_path)
     if conn_user is None:
         conn_user = sessions.proxy_user(proxy_auth)  # plain-HTTP proxy requests, or credentials on the request
     pending = PendingCall(
-        record_id=uuid7(), conn_id=conn_id, host=host.lower(), port=port, method=method, path=path,
-        raw_path=raw_path, headers=headers, body=body, content_encoding=content_encoding, conn_user=conn_user,
-        t_start=time.time(),
+        record_id=uuid7(), conn_id=conn_id, host=host.lower(), method=method, path=path, headers=headers, body=body,
+        conn_user=conn_user, t_start=time.time(),
     )
     if content_encoding and not too_large:
         try:
@@ -50,7 +49,7 @@ def from_flow(flow: http.HTTPFlow, conn_user: str | None) -> PendingCall:
     req = flow.request
     return pending_call(
         conn_id=flow.client_conn.id, conn_user=conn_user, proxy_auth=req.headers.get("proxy-authorization"),
-        host=req.pretty_host, port=req.port, method=req.method, raw_path=req.path,
+        host=req.pretty_host, method=req.method, raw_path=req.path,
         headers=list(req.headers.items(multi=True)), body=req.raw_content or b"",
         content_encoding=req.headers.get("content-encoding"),
     )
@@ -82,8 +81,8 @@ def from_request(request: Request) -> PendingCall:
         rest = raw_path.split("://", 1)[1]
         raw_path = "/" + rest.split("/", 1)[1] if "/" in rest else "/"
     return pending_call(
-        conn_id=h.conn_id, conn_user=h.conn_user, proxy_auth=proxy_auth, host=host, port=h.port,
-        method=request.method, raw_path=raw_path, headers=headers, body=request.body,
+        conn_id=h.conn_id, conn_user=h.conn_user, proxy_auth=proxy_auth, host=host, method=request.method,
+        raw_path=raw_path, headers=headers, body=request.body,
         content_encoding=", ".join(encodings) if encodings else None, too_large=request.too_large,
     )
 
@@ -103,7 +102,7 @@ def from_base_url(*, conn_id: str, listen_port: int, method: str, target: str, h
         exc.protocol = protocol
         raise
     proxy_auth = next((v for k, v in headers if k.lower() == "proxy-authorization"), None)
-    pending = pending_call(conn_id=conn_id, conn_user=conn_user, proxy_auth=proxy_auth, host=address.host, port=443,
+    pending = pending_call(conn_id=conn_id, conn_user=conn_user, proxy_auth=proxy_auth, host=address.host,
                            method=method, raw_path=address.path, headers=headers, body=body,
                            content_encoding=content_encoding, too_large=too_large)
     if address.session is not None and pending.conn_user and address.session != pending.conn_user:
