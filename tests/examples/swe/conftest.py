@@ -39,5 +39,5 @@ def swe_base(images, tmp_path_factory):
                           capture_output=True, text=True, timeout=BUILD_TIMEOUT, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, f"the SWE base did not build: {proc.stderr[-2000:]}"
     map_file = ctx / "image-map.txt"
-    map_file.write_text(f"python:3.12-slim={SWE_BASE}\ndebian:bookworm-slim={images['loaded']['debian:bookworm-slim']}\n")
+    map_file.write_text(f"python:3.12-slim={SWE_BASE}\n")
     return {"image": SWE_BASE, "map": map_file, "host": images["host"]}

@@ -1,7 +1,8 @@
 """The SWE grader (rollout/swe_grade.py, every task's tests/grade.py) against the ways agents beat naive graders,
-each run as the verifier runs it: a container of the SWE base image (git, pytest 8.4.1; --network none, uid 1000) with the task's tests/ read-only at
-/tests, an empty /logs/verifier, and a /testbed the "agent" left — the cfgmerge task's repository at base_commit
-(a clone of its bundle, which the rollout test checks equals the image's /testbed) after the agent's moves.
+each run as the verifier runs it: a container of the SWE base image (git, pytest 8.4.1; --network none, uid 1000)
+with the task's tests/ read-only at /tests, an empty /logs/verifier, and a /testbed the "agent" left — the cfgmerge
+task's repository at base_commit (a clone of its bundle, which the rollout test checks equals the image's /testbed)
+after the agent's moves.
 
 Every trap would pass a grader that runs the agent's tests, restores tests from HEAD or trusts what is in
 /logs/verifier; each asserts the reward and exactly which tests failed:
