@@ -283,3 +283,21 @@ def test_5_4_the_rollout_serves_protocol_stands_on_the_standard_library_alone():
     names += [node.module or "." for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
               and (node.level or node.module != "__future__")]
     assert names and [n for n in names if n.split(".")[0] not in sys.stdlib_module_names] == []
+
+
+def _tree(path: pathlib.Path, heading: str) -> list[str]:
+    """The first word of each line of the first ``` block under `heading`: the paths a layout tree names."""
+    text = path.read_text()
+    block = text[text.index(heading):]
+    block = block[block.index("```") + 3:]
+    return [line.split()[0] for line in block[:block.index("```")].splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("doc,heading", [("docs/architecture.md", "## Layout"), ("README.md", "## Packages")])
+def test_6_1_every_path_a_layout_tree_names_is_in_the_tree(doc, heading):
+    """The layout trees name only what is there: a file for each `path`, a folder for each `path/` (the other way,
+    every module named, is tests/scripts/test_docs.py's), and each at most once."""
+    named = _tree(ROOT / doc, heading)
+    gone = [p for p in named if not ((ROOT / p).is_dir() if p.endswith("/") else (ROOT / p).is_file())]
+    assert gone == [], f"{doc}'s tree names what is not in the repository: {gone}"
+    assert len(named) == len(set(named)), [p for p in named if named.count(p) > 1]
