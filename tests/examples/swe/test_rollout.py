@@ -59,3 +59,28 @@ def test_start_state_scores_0_and_gold_patch_scores_1(box, swe_base, cache_dir, 
             assert f"HEAD {rec['base_commit']} in /testbed" in log, log
     doc = json.loads((run / "run.json").read_text())
     assert all(env["image_id"] and env["error"] is None for env in doc["environments"].values()), doc["environments"]
+    _check_patches(run, final)
+
+
+def _changes(patch: str) -> tuple[list[str], list[str]]:
+    """A patch's files and its added/removed lines (context and hunk positions aside)."""
+    files = sorted(ln.split(" b/", 1)[1] for ln in patch.splitlines() if ln.startswith("diff --git "))
+    lines = [ln for ln in patch.splitlines() if ln[:1] in "+-" and not ln.startswith(("+++", "---"))]
+    return files, lines
+
+
+def _check_patches(run: Path, final: dict) -> None:
+    """final.diff is the agent's change against base_commit as a git patch: empty for the start state, the gold
+    patch's change for solve.sh; predictions.jsonl holds both in SWE-bench's shape; rewards.jsonl carries them."""
+    predictions = {(p["instance_id"], p["k"]): p for p in map(json.loads, (run / "predictions.jsonl").open())}
+    rewards = {r["session"]: r for r in map(json.loads, (run / "rewards.jsonl").open())}
+    for task in TASKS:
+        rec = record(task)
+        start, gold = predictions[(rec["instance_id"], 0)], predictions[(rec["instance_id"], 1)]
+        assert start["model_patch"] == "" and start["model_name_or_path"] == gold["model_name_or_path"] != "unknown"
+        assert _changes(gold["model_patch"]) == _changes(rec["patch"]), gold["model_patch"]
+        sample = json.loads((run / "samples" / task / "1" / "0" / "sample.json").read_text())
+        assert sample["final_diff"] == {"kind": "git", "base": rec["base_commit"]}
+        carried = rewards[final[(task, 1)]["session"]]
+        assert carried["resolved"] is True and carried["patch"] == gold["model_patch"]
+        assert rewards[final[(task, 0)]["session"]]["resolved"] is False
