@@ -15,7 +15,10 @@ The run is carried through four processes, killed at each point --resume must su
    then step 2 trains and is killed after its publication, before its line (`publication:2`: on disk the same as a
    kill during publication, a checkpoint without a line; --resume publishes again whatever the server holds);
 4. --resume: step 2's line is appended from its checkpoint; exit 0.
-The optimizer's state goes through every stop: AdamW's step count in step 2's checkpoint is 2, not 1."""
+The optimizer's state goes through every stop: AdamW's step count in step 2's checkpoint is 2, not 1. The run uses
+the learning knobs (issue 41): --clip-high, the adaptive entropy controller with a target no entropy reaches from
+above (100 nats: its coefficient rises by 0.005 per optimizer step, so step 2's 0.010 says the controller came back
+from step 1's checkpoint) and --advantage-norm mean, recorded in train.json and in each step's manifest.json."""
 
 from __future__ import annotations
 
@@ -153,7 +156,8 @@ def trained(dev_server, tmp_path_factory):
                                     "--steps", "2", "--samples", "4", "--lr", str(LR), "--weight-decay", str(WD),
                                     "--dtype", "float32", "--vllm-run-file", dev_server.run_file,
                                     "--rollout-opt=--sandbox=none", "--rollout-opt=--skip-preflight",
-                                    "--rollout-opt=--parallel=2"])
+                                    "--rollout-opt=--parallel=2", "--clip-high", "0.28", "--entropy-target", "100",
+                                    "--advantage-norm", "mean"])
     finally:
         _restore(dev_server)
     proc = subprocess.CompletedProcess(POLAR_TRAIN, seen["exit"], "", seen["err"])
@@ -306,3 +310,17 @@ def test_11_the_optimizer_state_survives_every_stop(trained):
     assert steps == {2.0}, steps  # one update in each step, the moments carried over
     assert state["step"] == 2 and state["cursor"] == 3
     assert json.loads(state["line"])["step"] == 2
+
+
+def test_12_the_learning_knobs_reach_the_steps_and_survive_every_stop(trained):
+    run, _ = trained
+    plan = json.loads((run / "train.json").read_text())
+    assert (plan["clip_high"], plan["entropy_target"], plan["advantage_norm"]) == (0.28, 100.0, "mean")
+    lines = _lines(run)
+    assert [ln["entropy_coef"] for ln in lines] == [pytest.approx(0.005), pytest.approx(0.010)]
+    for ln in lines:
+        assert ln["clip_share_low"] + ln["clip_share_high"] == pytest.approx(ln["clip_share"])
+        manifest = json.loads((run / "steps" / f"{ln['step']:04d}" / "out" / "manifest.json").read_text())
+        assert manifest["advantage_norm"] == "mean"
+    state = torch.load(run / "checkpoints" / "step-0002" / "trainer_state.pt", weights_only=True)
+    assert state["entropy"][0] == pytest.approx(0.010) and 0 < state["entropy"][1] < 100
