@@ -58,6 +58,8 @@ class SampleContext:
     connect: str = "proxy"  # --connect: proxy | base-url
     envs: dict[str, Any] | None = None  # task id → TaskEnv (rollout/images/environments.py); None: every task in the host view
     runtime: Any = None  # the sandbox runtime (rollout/images/runtime.py's Runtime) when a task runs in an image
+    turn_states: str = "off"  # --turn-states: off | async | hold (rollout/turn_states.py)
+    parallel: int = 1  # --parallel: also how many of one sample's turn states are scored at once
     reward_key: str = "reward"  # --reward-key: the key of reward.json a sample's reward is (rollout/verify.py)
 
 

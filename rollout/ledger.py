@@ -58,6 +58,7 @@ class ResultRow:
     agent_exit: int | None = None  # None when the agent timed out (or never ran)
     calls: int = 0
     trainable_tokens: int = 0
+    turn_scores: Any = None  # --turn-states: each main-chain call's state score and the final's; None: unscored
     t_start: float | None = None
     t_end: float | None = None
     timings: dict[str, float] = field(default_factory=_timings)  # seconds per phase (PHASES)
@@ -142,12 +143,16 @@ class Results:
 def rewards_lines(lines: Iterable[dict], carry: Callable[[dict], dict] | None = None) -> list[dict]:
     """rewards.jsonl: the latest attempt per sample, rewarded statuses only, reward exactly as in results; `carry`
     adds a line's keys for polar-process's sft.jsonl (`resolved`, `patch`: rollout/patches.py)."""
+    lines = list(lines)
     out = []
     for _, line in sorted(latest_by_sample(lines).items(), key=lambda kv: (str(kv[0][0]), kv[0][1] or 0)):
         if line.get("status") in REWARDED and line.get("reward") is not None:
             out.append({"session": line["session"], "reward": line["reward"], "group": line["group"],
                         **(carry(line) if carry is not None else {})})
-    return out
+    # A session's turn_scores ride with its reward line into polar-process (--credit turn); none: no key.
+    scores = {ln.get("session"): ln.get("turn_scores") for ln in latest_by_sample(lines).values()}
+    return [{**item, "turn_scores": scores[item["session"]]} if scores.get(item["session"]) is not None else item
+            for item in out]
 
 
 def write_rewards(path: Path, lines: list[dict], carry: Callable[[dict], dict] | None = None) -> None:

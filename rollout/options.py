@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from polar.records.cliargs import OneLineParser, positive_int
 from polar.rollout import clis as agentlib
+from polar.rollout import turn_states
 from polar.rollout.common import UsageError
 from polar.rollout.images import pull
 from polar.rollout.job import AgentSpec
@@ -48,6 +49,7 @@ class Options:
     connect: str = "proxy"  # how agents reach the gateway: proxy (HTTPS_PROXY) or base-url (their base URL)
     image_map: list[str] = field(default_factory=list)  # --image-map REF=LOCAL / @FILE (rollout/images/refs.py)
     build_network: str | None = None  # None: none (or the resumed run's); host lets RUN steps reach the registries
+    turn_states: str | None = None  # None: off (or the resumed run's); async | hold: snapshots at calls (turn_states.py)
     reward_key: str | None = None  # None: reward (or the resumed run's): the key of reward.json a run trains on
     pull: str | None = None  # None: $POLAR_ROLLOUT_PULL, else missing (or the resumed run's) (images/pull.py)
 
@@ -56,7 +58,7 @@ class Options:
 IDENTITY = ("tasks", "agent", "samples", "sandbox")
 REUSED = ("parallel", "image", "model", "agent_timeout", "verify_timeout", "proxy_set", "upstream", "proxy_json",
           "retry_infra", "no_process", "process_opt", "sft_min_reward", "engine", "ray_address", "confdir", "npm_dir",
-          "warm_agents", "connect", "image_map", "build_network", "reward_key", "pull")
+          "warm_agents", "connect", "image_map", "build_network", "turn_states", "reward_key", "pull")
 
 
 def check_options(o: Options) -> AgentSpec:
@@ -110,7 +112,27 @@ def check_options(o: Options) -> AgentSpec:
         raise UsageError("--proxy-set applies to the proxy the runner starts (--upstream), not to a "
                          "--proxy-json proxy")
     check_proxy_sets(o.proxy_set, o.sandbox)
+    _check_turn_states(o, box)
     return agent
+
+
+def _check_turn_states(o: Options, box) -> None:
+    """--turn-states: the runner snapshots a sample's workspace when its calls arrive, so it needs the sandbox's
+    working directory, its own proxy (which it tells where to announce calls) and the samples in its process."""
+    o.turn_states = o.turn_states or "off"
+    if o.turn_states not in turn_states.MODES:
+        raise UsageError(f"--turn-states must be off, async or hold (got {o.turn_states})")
+    if o.turn_states == "off":
+        return
+    if not box.isolated:
+        raise UsageError(f"--turn-states {o.turn_states} needs a sandbox (--sandbox bwrap or docker): under --sandbox "
+                         "none the agent's workspace is not the runner's to snapshot")
+    if o.proxy_json:
+        raise UsageError(f"--turn-states {o.turn_states} needs the proxy the runner starts (--upstream), which it tells "
+                         "where to announce calls; a --proxy-json proxy cannot be told")
+    if o.engine == "ray":
+        raise UsageError(f"--turn-states {o.turn_states} needs --engine local (the snapshots are taken in the runner's "
+                         "process)")
 
 
 def proxy_sets(sets: list[str], sandbox: str) -> list[str]:
@@ -152,6 +174,15 @@ def _reward_key(text: str) -> str:
     if not text.strip() or text != text.strip():
         raise argparse.ArgumentTypeError(f"must name a key of reward.json, e.g. graded (got {text!r})")
     return text
+
+
+def _turn_state_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--turn-states", choices=turn_states.MODES, default=None,
+                   help="snapshot each sample's working directory when its calls reach the gateway, and score the "
+                        "main-chain calls' states with the task's tests/progress.sh (results.jsonl turn_scores, for "
+                        "polar-process --credit turn): async = the call goes on at once (a fast answer acted on can "
+                        "race the snapshot), hold = the call waits for its snapshot (at most 30 s); needs a sandbox "
+                        "and --upstream (default: off)")
 
 
 def _environment_arguments(p: argparse.ArgumentParser) -> None:
@@ -241,6 +272,7 @@ def parser(out_required: bool = True) -> argparse.ArgumentParser:
                    help="python: agents in bwrap: one sandbox per slot whose interpreter imported the agent and its "
                         "SDKs once, a fork of it per sample (docs/options.md says what samples of a slot share) "
                         "(default: off; polar-train turns it on for a python: agent in bwrap)")
+    _turn_state_arguments(p)
     p.add_argument("--connect", choices=("proxy", "base-url"), default=None,
                    help="how agents reach the gateway: proxy (HTTPS_PROXY and our CA; every agent) or base-url (their "
                         "provider base URL set to the gateway's own address, plain HTTP through the sandbox relay, no "
@@ -256,6 +288,7 @@ def parser(out_required: bool = True) -> argparse.ArgumentParser:
 def options(args: argparse.Namespace):
     """The run's Options from polar-rollout's parsed command line."""
     return Options(
+        turn_states=args.turn_states,
         tasks=list(args.tasks), agent=args.agent, out=args.out, samples=args.samples, parallel=args.parallel or 0,
         sandbox=args.sandbox, image=args.image, model=args.model, agent_timeout=args.agent_timeout,
         verify_timeout=args.verify_timeout, proxy_set=list(args.proxy_set), upstream=args.upstream,

@@ -89,9 +89,10 @@ def describe(proxy: Proxy) -> dict:
             "version": info.get("version"), "upstream": info.get("upstream")}
 
 
-def attach(o, run_dir: Path, report: Reporter | None = None) -> tuple[Proxy, str | None]:
+def attach(o, run_dir: Path, report: Reporter | None = None, sets: list[str] = ()) -> tuple[Proxy, str | None]:
     """(the run's proxy, the run file it was read from): its own (--upstream), a running one (--proxy-json), or
-    the run dir's proxy.json, else an own one on vllm.json's upstream. `o` is the run's Options."""
+    the run dir's proxy.json, else an own one on vllm.json's upstream. `o` is the run's Options; `sets`: the runner's
+    own --proxy-set items for a proxy it starts (--turn-states' announce endpoint)."""
     boxed = registry.get(o.sandbox).isolated
     upstream, proxy_json = o.upstream, o.proxy_json
     if not upstream and not proxy_json:
@@ -107,7 +108,7 @@ def attach(o, run_dir: Path, report: Reporter | None = None) -> tuple[Proxy, str
     if upstream:
         from polar.rollout.options import proxy_sets
 
-        proxy = start_proxy(run_dir, upstream, proxy_sets(o.proxy_set, o.sandbox), o.confdir, report)
+        proxy = start_proxy(run_dir, upstream, [*proxy_sets(o.proxy_set, o.sandbox), *sets], o.confdir, report)
     else:
         proxy = external_proxy(Path(proxy_json))
     return proxy, proxy_json

@@ -48,6 +48,7 @@ from pathlib import Path
 from polar.launch import paths
 from polar.records.results import latest_by_sample
 from polar.rollout import patches, proxyctl, resume
+from polar.rollout import turn_states
 from polar.rollout.reporter import Reporter
 from polar.rollout.sandbox import control, registry
 from polar.rollout.common import CANCEL, PREFLIGHT, VERSION, UsageError, lock_dir, now, read_json, write_json
@@ -82,6 +83,7 @@ class Runner:
         self.slots = None  # polar-rollout serve: the sample slots every run it serves shares (schedule.Plan)
         self.envs: dict | None = None  # task id → TaskEnv; None when every task runs in the host view
         self.runtime = None  # the sandbox runtime, when a task runs in an image
+        self.turn_states = None  # turn_states.TurnStates under --turn-states async|hold
         # A new run refused before its first sample leaves --out as it found it (absent, or empty): _claimed once
         # RUN was found absent or empty (not a --resume), _sampling once the first sample may have started.
         self._out_existed = self.run_dir.exists()
@@ -99,6 +101,7 @@ class Runner:
             return 2
         finally:
             proxyctl.stop_proxy(self.proxy)
+            turn_states.close_for_run(self.turn_states)
             if self._lock_fd is not None:
                 os.close(self._lock_fd)
                 self._lock_fd = None
@@ -297,7 +300,13 @@ class Runner:
 
     # -- the proxy, the samples' context ---------------------------------------------------------------------------
     def _open_proxy(self) -> None:
-        self.proxy, proxy_json = proxyctl.attach(self.opts, self.run_dir, self.report)
+        sets = []
+        if self.opts.turn_states not in (None, "off"):  # the proxy is told where to announce calls
+            self.turn_states, sets = turn_states.open_for_run(self.run_dir, self.opts.turn_states)
+        self.proxy, proxy_json = proxyctl.attach(self.opts, self.run_dir, self.report, sets)
+        if self.turn_states is not None and not self.proxy.own:
+            raise UsageError(f"--turn-states {self.opts.turn_states} needs the proxy the runner starts (pass --upstream "
+                             f"URL), which it tells where to announce calls; {proxy_json} is a running one")
         proxyctl.check_ready(self.proxy, self.box.isolated, proxy_json)
         self.run_doc["proxy"] = proxyctl.describe(self.proxy)
         self._save_run_doc()
@@ -313,6 +322,7 @@ class Runner:
             image="polar-sandbox:1", model=o.model, proxy_port=p.port, ca_pem=p.ca_pem,
             ca_bundle=p.ca_bundle, flows=p.flows, venv=sys.prefix, npm_dir=str(npm or ""),
             agent_timeout=o.agent_timeout, verify_timeout=o.verify_timeout, warm=o.warm_agents,
+            turn_states=o.turn_states or "off", parallel=max(1, o.parallel),
             connect=o.connect, envs=self.envs, runtime=self.runtime, reward_key=o.reward_key)
 
     # -- preflight ------------------------------------------------------------------------------------------------

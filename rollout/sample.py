@@ -11,7 +11,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from polar.rollout import flowwatch
+from polar.rollout import flowwatch, turn_states
 from polar.rollout.common import CANCEL, Cancelled, group_of, now, write_json
 from polar.rollout.job import SampleContext, SampleJob, job_paths
 from polar.rollout.ledger import ResultRow
@@ -76,6 +76,7 @@ class _Attempt:
                         sandbox=ctx.sandbox, t_start=now()).to_json()}
         self.detail: dict[str, Any] = {"paths": {"sample": str(self.sample_dir), "work": str(self.work)}}
         self.counter = flowwatch.flow_counter(ctx.flows)
+        self.states: turn_states.SampleStates | None = None  # --turn-states: its snapshots at calls
         self._phase_t = time.monotonic()
 
     def lap(self, name: str) -> None:
@@ -99,6 +100,7 @@ class _Attempt:
                 return
         _check_cancel()
         app, home = _fresh_dirs(ctx, job, self.work)
+        self.states = turn_states.register(ctx, job, self.session, app, self.work)
         spec, (argv, env, mounts, _) = agent_spec(ctx, job, self.session, app, home,
                                                   CANARY_INSTRUCTION if job.canary else job.task.instruction)
         timeout = _agent_timeout(ctx, job)
@@ -129,6 +131,15 @@ class _Attempt:
         _agent_status(ctx, result, res, counts.calls, counts.with_ids, timeout)
         if result["status"] in ("completed", "agent_error") and not job.canary:
             run_verifier(ctx, job, result, self.detail, self.sample_dir, self.work, app, self.lap)
+        if self.states is not None and result["reward"] is not None:
+            self._turn_scores(app)
+
+    def _turn_scores(self, app: Path) -> None:
+        """--turn-states: the main-chain calls' states and the final one, scored (rollout/turn_states.py)."""
+        records = self.counter.records(self.session, since=self.result["t_start"] - 1.0)
+        self.result["turn_scores"], self.detail["turn_states"] = turn_states.score_sample(
+            self.ctx, self.job, self.states, records, app, start_state(self.ctx, self.job), self.work)
+        self.lap("verify")
 
     def _settled_counts(self, connections: int) -> flowwatch.Counts:
         """The session's counts once the proxy has written every call's record (a call the agent was still in
@@ -150,6 +161,7 @@ class _Attempt:
     def end(self) -> ResultRow:
         if CANCEL.is_set() and self.result["status"] in (None, "infra_error"):  # a sandbox killed by the cancel
             self.fail("cancelled", "cancelled (Ctrl-C or SIGTERM)")
+        turn_states.finish(self.session)  # its snapshots go, scored or not
         shutil.rmtree(self.work, ignore_errors=True)
         self.lap("teardown")
         self.result["t_end"] = now()

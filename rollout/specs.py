@@ -215,10 +215,11 @@ def agent_spec(ctx: SampleContext, job: SampleJob, session: str, app: Path, home
     return spec, launch
 
 
-def verifier_spec(ctx: SampleContext, job: SampleJob, vapp: Path, vhome: Path,
-                  vdir: Path) -> tuple[sb.SandboxSpec, list[str], float]:
+def verifier_spec(ctx: SampleContext, job: SampleJob, vapp: Path, vhome: Path, vdir: Path,
+                  script: str = "test.sh") -> tuple[sb.SandboxSpec, list[str], float]:
     """The verifier's sandbox over a copy of the final workdir (`vapp`): its spec, argv and timeout. No proxy: an
-    isolated verifier's relay is a tripwire that answers 403 and counts the attempts."""
+    isolated verifier's relay is a tripwire that answers 403 and counts the attempts. `script`: the tests' script
+    it runs (tests/progress.sh for a turn state's score: rollout/turn_states.py)."""
     boxed = registry.get(ctx.sandbox).isolated
     tests = Path(job.task.tests_dir)
     tenv = task_env(ctx, job)
@@ -230,13 +231,13 @@ def verifier_spec(ctx: SampleContext, job: SampleJob, vapp: Path, vhome: Path,
         mounts: tuple = (sb.Mount(tests, IN_TESTS, False), sb.Mount(vdir, IN_VERIFIER, True))
         if image:
             mounts = (sb.Mount(Path(ctx.runtime.root), RUNTIME_INSIDE, False), *mounts)
-        argv = ["bash", f"{IN_TESTS}/test.sh"]
+        argv = ["bash", f"{IN_TESTS}/{script}"]
     else:  # no mount namespace: the verifier finds its directories in these variables
         env = host_env()
         env.update({"POLAR_APP": str(vapp), "POLAR_TESTS": str(tests), "POLAR_LOGS": str(vdir),
                     "PATH": os.pathsep.join([str(Path(ctx.venv) / "bin"), env.get("PATH", SANDBOX_PATH)])})
         mounts = ()
-        argv = ["bash", str(tests / "test.sh")]
+        argv = ["bash", str(tests / script)]
     env.update({"POLAR_SAMPLE": str(job.k), "POLAR_TASK": job.task.id})
     timeout = ctx.verify_timeout or job.task.verifier_timeout_sec or DEFAULT_VERIFY_TIMEOUT
     spec = sb.SandboxSpec(kind=ctx.sandbox, app=vapp, home=vhome, mounts=mounts, env=env, proxy_port=None,

@@ -1,0 +1,107 @@
+"""polar-rollout --turn-states (rollout/turn_states.py) end to end, in one run shared by the checks: a scripted
+four-call python: agent (tests/rollout/turnagent.py) in bwrap behind the runner's own proxy, which announces each call
+(polar_announce); tasks with a tests/progress.sh scorer. `steps`: call 2's action does half the work, call 4's the
+rest; `background`: a writer the agent started in the background lands in the snapshot of the first call after it
+wrote; `failing`: a scorer that exits non-zero gives null and session credit. polar-process runs with --credit turn."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from polar.rollout.flowwatch import FlowCounter
+from tests.rollout.rollout_support import HERE, explain, latest, results, rewards, rollout
+from tests.support.need import need_sandbox
+
+pytestmark = pytest.mark.integration
+
+AGENT = "python:turnagent:run"
+VERIFIER = 'if [ -f "$APP/done.txt" ]; then echo 1 > "$LOGS/reward.txt"; else echo 0 > "$LOGS/reward.txt"; fi\n'
+SCORERS = {
+    "steps": 'echo "$(( ($( [ -f "$APP/half.txt" ] && echo 1 || echo 0) + $( [ -f "$APP/done.txt" ] && echo 1 '
+             '|| echo 0)) ))" | awk \'{print $1 / 2}\' > "$LOGS/reward.txt"\n',
+    "background": 'if [ -f "$APP/bg.txt" ]; then echo 1 > "$LOGS/reward.txt"; else echo 0 > "$LOGS/reward.txt"; fi\n',
+    "failing": 'echo "the scorer broke" >&2\nexit 1\n',
+}
+HEAD = "#!/usr/bin/env bash\nAPP=${POLAR_APP:-/app}\nLOGS=${POLAR_LOGS:-/logs/verifier}\n"
+
+
+def _task(root: Path, name: str) -> None:
+    task = root / name
+    (task / "tests").mkdir(parents=True)
+    (task / "agent").mkdir()
+    (task / "environment" / "workdir").mkdir(parents=True)
+    (task / "environment" / "workdir" / "README.md").write_text("start state\n")
+    (task / "task.toml").write_text('[metadata]\nauthor = "polar tests"\n')
+    mode = "background" if name == "background" else "steps"
+    (task / "instruction.md").write_text(f"mode: {mode}\nDo the work in four steps.\n")
+    (task / "tests" / "test.sh").write_text(HEAD + VERIFIER)
+    (task / "tests" / "progress.sh").write_text(HEAD + SCORERS[name])
+    shutil.copyfile(HERE / "turnagent.py", task / "agent" / "turnagent.py")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory, _upstream_server):
+    need_sandbox("bwrap")
+    _upstream_server.reset()
+    root = tmp_path_factory.mktemp("turn-states")
+    for name in SCORERS:
+        _task(root / "tasks", name)
+    out = root / "run"
+    proc = rollout(str(root / "tasks"), "--agent", AGENT, "--out", str(out), "--sandbox", "bwrap", "--upstream",
+                   _upstream_server.base_url, "--samples", "2", "--parallel", "6", "--run-id", "ts",
+                   "--turn-states", "hold", "--skip-preflight", "--process-opt=--credit=turn", timeout=300)
+    assert proc.returncode == 0, explain(proc)
+    return out
+
+
+def _calls(out: Path, session: str) -> list[str]:
+    recs = FlowCounter(out / "flows").records(session)
+    return [r["id"] for r in sorted(recs, key=lambda r: r["t_start"])]
+
+
+def _scores(line: dict) -> list[float]:
+    return [c["score"] for c in line["turn_scores"]["calls"]]
+
+
+def test_1_snapshots_are_named_by_call_and_scored_as_the_work_went(run):
+    final = latest(results(run))
+    for k in (0, 1):
+        line = final[("steps", k)]
+        assert line["status"] == "completed" and line["reward"] == 1.0, line
+        calls = _calls(run, line["session"])
+        assert len(calls) == 4 and [c["call_id"] for c in line["turn_scores"]["calls"]] == calls
+        assert _scores(line) == [0.0, 0.0, 0.5, 0.5] and line["turn_scores"]["final"] == 1.0
+        detail = json.loads((run / "samples" / "steps" / str(k) / "0" / "sample.json").read_text())["turn_states"]
+        assert detail["mode"] == "hold" and list(detail["calls"]) == calls and detail["boundaries"] == calls
+        assert not any(meta["late"] for meta in detail["calls"].values())
+    assert not list((run / ".work").glob("**/turn-states")) if (run / ".work").exists() else True
+
+
+def test_2_with_hold_a_background_writer_s_change_lands_in_the_first_snapshot_after_it(run):
+    final = latest(results(run))
+    for k in (0, 1):
+        line = final[("background", k)]
+        assert _scores(line) == [0.0, 0.0, 1.0, 1.0] and line["turn_scores"]["final"] == 1.0, line
+
+
+def test_3_a_failing_scorer_gives_null_and_session_credit_counted(run):
+    final = latest(results(run))
+    assert [final[("failing", k)]["turn_scores"] for k in (0, 1)] == [None, None]
+    assert final[("failing", 0)]["reward"] == 1.0  # the verifier's reward stands
+    by_session = {r["session"]: r for r in rewards(run)}
+    assert all("turn_scores" not in by_session[final[("failing", k)]["session"]] for k in (0, 1))
+    assert by_session[final[("steps", 0)]["session"]]["turn_scores"] == final[("steps", 0)]["turn_scores"]
+    report = json.loads((run / "out" / "report.json").read_text())
+    assert (report["rewards"]["turn_credit"], report["rewards"]["turn_fallback"]) == (4, 2)
+
+
+def test_4_turn_states_refuse_a_run_without_a_sandbox(tmp_path, upstream):
+    _task(tmp_path / "tasks", "steps")
+    proc = rollout(str(tmp_path / "tasks"), "--agent", AGENT, "--out", str(tmp_path / "run"), "--sandbox", "none",
+                   "--upstream", upstream.base_url, "--turn-states", "async")
+    assert proc.returncode == 2 and "--turn-states async needs a sandbox" in proc.stderr, explain(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
