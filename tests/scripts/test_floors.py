@@ -165,6 +165,38 @@ def circles() -> list[list[str]]:
     return sorted(found)
 
 
+# Inside polar.rollout (docs/architecture.md#the-rollout-runner): what each wing may import of the rest of the package
+# — "hall" is rollout/*.py, which may import every wing. The sandbox wing stands on nothing else of the rollout; the
+# images wing only on the sandbox's registry; the serve on the hall and the sandbox; the agents wing on nothing of
+# polar at all but the protocols' standard-library leaf, since it is bound into sandboxes alone.
+WINGS: dict[str, frozenset[str]] = {
+    "polar.rollout.sandbox": frozenset(),
+    "polar.rollout.images": frozenset({"polar.rollout.sandbox"}),
+    "polar.rollout.serve": frozenset({"hall", "polar.rollout.sandbox"}),
+    "polar.rollout.agents": frozenset(),
+}
+AGENTS_MAY_IMPORT = frozenset({"polar.records.protocols"})
+
+
+def _wing(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:3]) if len(parts) > 3 and ".".join(parts[:3]) in WINGS else "hall"
+
+
+def wing_violations() -> list[str]:
+    found = set()
+    for src, line, dst in edges():
+        if not src.startswith("polar.rollout."):
+            continue
+        wing = _wing(src)
+        if wing == "polar.rollout.agents" and not dst.startswith("polar.rollout.agents") \
+                and dst not in AGENTS_MAY_IMPORT:
+            found.add(f"{src}:{line} imports {dst}")
+        elif wing != "hall" and dst.startswith("polar.rollout.") and _wing(dst) not in (wing, *WINGS[wing]):
+            found.add(f"{src}:{line} imports {dst}")
+    return sorted(found)
+
+
 # -- 1. the floors ---------------------------------------------------------------------------------------------------
 
 def test_1_1_every_import_keeps_to_its_floor():
@@ -254,6 +286,24 @@ def test_1_6_the_checks_find_what_they_look_for(monkeypatch):
     assert circles() == [["polar.rollout.sample", "polar.rollout.verify"]]
     assert floor_violations() == ["polar.launch.proxy:172 imports polar.addon.gateway",
                                   "polar.trainer.train:9 imports polar.rollout.runner"]
+
+
+def test_1_8_each_rollout_wing_keeps_to_its_side():
+    """The wings of polar.rollout import only what WINGS allows them (the hall imports any wing)."""
+    assert wing_violations() == []
+
+
+def test_1_9_the_wing_check_finds_what_it_looks_for(monkeypatch):
+    made_up = [("polar.rollout.sandbox.run", 3, "polar.rollout.job"),
+               ("polar.rollout.images.environments", 4, "polar.rollout.sandbox.registry"),
+               ("polar.rollout.images.sources", 5, "polar.rollout.serve.protocol"),
+               ("polar.rollout.agents.sdk_agent", 6, "polar.records.schema"),
+               ("polar.rollout.agents.sdk_agent", 7, "polar.records.protocols"),
+               ("polar.rollout.runner", 8, "polar.rollout.agents.pyagent")]
+    monkeypatch.setattr(sys.modules[__name__], "edges", lambda: made_up)
+    assert wing_violations() == ["polar.rollout.agents.sdk_agent:6 imports polar.records.schema",
+                                 "polar.rollout.images.sources:5 imports polar.rollout.serve.protocol",
+                                 "polar.rollout.sandbox.run:3 imports polar.rollout.job"]
 
 
 def test_1_7_imports_inside_functions_are_read():
