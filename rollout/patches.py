@@ -12,8 +12,9 @@ line carries into polar-process.
    (`instance_id`, `model_name_or_path`, `model_patch`), plus `k` and `session`: with K > 1 an instance has K lines,
    and SWE-bench's harness takes one prediction per instance (filter by `k`). The model's name is the one the
    backend served the run's calls as (the records' `model_served`, the most frequent), else --model, else "unknown".
-4. A reward line carries `resolved` (reward.json's `resolved` when it says, else reward 1) and, for a git patch,
-   `patch`, so that polar-process's sft.jsonl rows hold them.
+4. A reward line of an SWE sample (its final.diff a git patch, or its reward.json saying `resolved`) carries
+   `resolved` (reward.json's word, else reward 1) and, for a git patch, `patch`, so that polar-process's sft.jsonl
+   rows hold them; other lines stay as they were.
 """
 
 from __future__ import annotations
@@ -82,8 +83,10 @@ def git_patch_of(run_dir: Path, line: dict) -> str | None:
 
 def carried(run_dir: Path, line: dict) -> dict:
     """What a rewarded sample's reward line carries into polar-process (rule 4)."""
-    out = {"resolved": is_resolved(float(line["reward"]), line.get("reward_details"))}
-    patch = git_patch_of(run_dir, line)
+    patch, details = git_patch_of(run_dir, line), line.get("reward_details")
+    if patch is None and not (isinstance(details, dict) and isinstance(details.get("resolved"), bool)):
+        return {}
+    out = {"resolved": is_resolved(float(line["reward"]), details)}
     if patch is not None:
         out["patch"] = patch
     return out

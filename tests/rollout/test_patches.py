@@ -84,12 +84,14 @@ def test_2_1_predictions_hold_each_git_patch_in_swebenchs_shape(tmp_path):
     assert not (tmp_path / "predictions.jsonl").exists()
 
 
-def test_2_2_a_reward_line_carries_resolved_and_a_git_patch(tmp_path):
+def test_2_2_an_swe_samples_reward_line_carries_resolved_and_its_git_patch(tmp_path):
     swe = sample(tmp_path, "fix-a", 0, "git", "diff --git a/x b/x\n", reward=1.0,
                  reward_details={"reward": 1, "graded": 1.0, "resolved": True})
-    toy = sample(tmp_path, "toy", 0, "tree", "--- a/y\n", reward=0.5)
+    toy = sample(tmp_path, "toy", 0, "tree", "--- a/y\n", reward=1.0)
+    graded = sample(tmp_path, "graded", 0, "tree", "", reward=0.5, reward_details={"graded": 0.5, "resolved": False})
     assert patches.carried(tmp_path, swe) == {"resolved": True, "patch": "diff --git a/x b/x\n"}
-    assert patches.carried(tmp_path, toy) == {"resolved": False}
+    assert patches.carried(tmp_path, graded) == {"resolved": False}
+    assert patches.carried(tmp_path, toy) == {}  # not an SWE sample: its line stays as it was
 
 
 def test_2_3_a_tasks_identity_is_its_record_else_its_id(tmp_path):
