@@ -200,8 +200,8 @@ class TurnStates:
             sample = self.samples.get(session)
             if sample is None:
                 self.unknown += 1
-        if sample is None:
-            return 404, b'{"error": "no sample of this run has that session"}'
+        if sample is None:  # a preflight's canary, or a call after its sample ended: nothing to snapshot
+            return 202, b'{"skipped": "no sample of this run has that session"}'
         meta = sample.snapshot(str(call_id), hold_s, self.budget)
         return 200, json.dumps(meta).encode()
 
