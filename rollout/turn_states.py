@@ -155,6 +155,7 @@ class TurnStates:
         self.unknown = 0  # announcements of sessions no sample registered (a canary, another run's)
         self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
+        self.token_file: Path | None = None  # the run's token file (open_for_run), removed at close
 
     @property
     def hold_s(self) -> float:
@@ -225,6 +226,8 @@ class TurnStates:
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
+        if self.token_file is not None:
+            self.token_file.unlink(missing_ok=True)
 
 
 # ------------------------------------------------------------------------------------------------------ scoring
@@ -273,6 +276,7 @@ def open_for_run(run_dir: Path, mode: str) -> tuple[TurnStates, list[str]]:
     with os.fdopen(fd, "w") as fh:
         fh.write(token + "\n")
     states = TurnStates(mode, token)
+    states.token_file = token_file
     url = states.start()
     _ACTIVE = states
     return states, [f"polar_announce={url}", f"polar_announce_hold={states.hold_s:g}",

@@ -78,7 +78,7 @@ def test_1_snapshots_are_named_by_call_and_scored_as_the_work_went(run):
         detail = json.loads((run / "samples" / "steps" / str(k) / "0" / "sample.json").read_text())["turn_states"]
         assert detail["mode"] == "hold" and list(detail["calls"]) == calls and detail["boundaries"] == calls
         assert not any(meta["late"] for meta in detail["calls"].values())
-    assert not list((run / ".work").glob("**/turn-states")) if (run / ".work").exists() else True
+    assert not list(run.glob(".work/**/turn-states")) and not (run / "turn-states" / "control-token").exists()
 
 
 def test_2_with_hold_a_background_writer_s_change_lands_in_the_first_snapshot_after_it(run):
