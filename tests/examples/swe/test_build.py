@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from polar.rollout import swebench
-from tests.examples.swe.swe_support import ROOT, SWE, TASKS, record
+from tests.rollout.swe_support import ROOT, SWE, TASKS, record
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """The examples/swe tasks as tasks: each is a small real package (3+ modules, 150-500 lines, its own passing test
 suite) with SWE-bench's record (1-3 FAIL_TO_PASS, 5-10 PASS_TO_PASS), an issue that names no test; graded on this
 host by its own tests/grade.py, the start state fails every F2P test and passes every P2P test, the gold patch passes
-them all. (Through the image sandboxes: test_rollout.py.)"""
+them all. (Through the image sandboxes: tests/rollout/test_swe_tasks.py.)"""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from tests.examples.swe.swe_support import SWE, TASKS, apply_patch, base_tree, failing, record
+from tests.rollout.swe_support import SWE, TASKS, apply_patch, base_tree, failing, record
 
 pytestmark = pytest.mark.unit
 

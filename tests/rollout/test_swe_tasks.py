@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.examples.swe.swe_support import SWE, TASKS, failing, record
+from tests.rollout.swe_support import SWE, TASKS, failing, record, swe_base  # noqa: F401 — swe_base: the fixture
 from tests.rollout.rollout_support import explain, latest, results, rollout, rollout_env
 from tests.support.need import need_sandbox
 

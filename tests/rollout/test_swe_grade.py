@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.examples.swe.swe_support import SWE, apply_patch, base_tree, failing, record
+from tests.rollout.swe_support import (SWE, apply_patch, base_tree, failing, record,  # noqa: F401 — the fixture
+                                       swe_base)
 
 pytestmark = pytest.mark.integration
 
