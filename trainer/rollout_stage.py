@@ -169,7 +169,7 @@ class RolloutService:
 
     def run_args(self) -> list[str]:
         """Each run's polar-rollout arguments: --rollout-opt's, and --warm-agents for a python: agent in bwrap
-        unless --rollout-opt says --[no-]warm-agents (a step's samples then pay no SDK import: rollout/warm.py)."""
+        unless --rollout-opt says --[no-]warm-agents (a step's samples then pay no SDK import: rollout/sandbox/warm.py)."""
         args = list(self.each_run)
         said = any(a.split("=", 1)[0] in ("--warm-agents", "--no-warm-agents") for a in args)
         if not said and self.plan.agent.startswith("python:") and self.ready is not None \
