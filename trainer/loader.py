@@ -203,7 +203,8 @@ def token_advantages(df: pl.DataFrame) -> list[np.ndarray | None]:
     if "advantages" not in df.columns or not len(df):
         return [None] * len(df)
     has = df["advantages"].is_not_null().to_numpy()
-    lens = df["advantages"].list.len().to_numpy()[has]
+    # a null row's length is null, which would make the lengths floats (NaN): counted as 0, then left out by `has`
+    lens = df["advantages"].list.len().fill_null(0).to_numpy().astype(np.int64)[has]
     flat = df.filter(pl.Series(has))["advantages"].explode().to_numpy().astype(np.float32)
     parts = iter(np.split(flat, np.cumsum(lens)[:-1]) if has.any() else [])
     return [next(parts) if h else None for h in has]

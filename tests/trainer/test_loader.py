@@ -138,6 +138,16 @@ def test_1_5_a_file_without_the_column_broadcasts_the_scalar_as_credit_session_w
     assert without["s0"][20] == float(np.float32(-0.3)) and without["s0"][3] == 0.0
 
 
+def test_1_6_a_null_advantages_row_beside_others_keeps_each_rows_own(tmp_path):
+    """A step where one group had no reward spread: its rows' advantages are null beside rows that have them (what
+    an lr-0 control's step 1 hit: the null lengths made the split points floats)."""
+    df = pl.DataFrame({"advantages": [[0.5, 0.5], None, [-1.0, 0.0, -1.0]]},
+                      schema={"advantages": pl.List(pl.Float32)})
+    got = loader.token_advantages(df)
+    assert [None if a is None else a.tolist() for a in got] == [[0.5, 0.5], None, [-1.0, 0.0, -1.0]]
+    assert loader.token_advantages(df[1:2]) == [None]
+
+
 def test_1_3_token_zero_is_never_trainable(tmp_path):
     row = _row(0, 10, 0)  # a (malformed) row whose first token is marked trainable
     mb = next(iter(loader.micro_batches(str(_write(tmp_path, [row])), 100, "packed")))
