@@ -61,6 +61,7 @@ class SampleContext:
     turn_states: str = "off"  # --turn-states: off | async | hold (rollout/turn_states.py)
     parallel: int = 1  # --parallel: also how many of one sample's turn states are scored at once
     reward_key: str = "reward"  # --reward-key: the key of reward.json a sample's reward is (rollout/verify.py)
+    overlay: bool = False  # an image task's working directory is an overlay over its start state (rollout/overlay.py)
 
 
 @dataclass

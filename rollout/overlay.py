@@ -26,6 +26,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from polar.rollout.sandbox.view import chown_tree
+
 MNT_DETACH = 2
 LAYERS = ".overlay"  # <work>/.overlay/{upper,work,...}: a sample's layers, beside its merged view
 WORK_DIR = ".work"  # RUN/.work/<sample>/: a sample's work directory (polar.rollout.job.job_paths)
@@ -85,6 +87,18 @@ def mount_view(lowers: list[Path], work: Path, name: str = "app") -> Path:
         d.mkdir(parents=True)
     _mount(lowers, upper, scratch, merged)
     return merged
+
+
+def own_tree(root: Path, owner: tuple[int, int] | None) -> None:
+    """The start state handed to the sandbox's uid once, on the host (the entries it does not own yet): through an
+    overlay a chown is a copy-up, so the lower layer must already be the agent's."""
+    if owner is not None:
+        chown_tree(root, *owner)
+
+
+def is_view(path: Path) -> bool:
+    """Whether `path` is an overlay mounted here (a sample's view)."""
+    return str(path) in {point for point, _ in _overlay_mounts()}
 
 
 def upper_of(work: Path, name: str = "app") -> Path:

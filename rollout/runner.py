@@ -47,7 +47,7 @@ from pathlib import Path
 
 from polar.launch import paths
 from polar.records.results import latest_by_sample
-from polar.rollout import patches, proxyctl, resume
+from polar.rollout import overlay, patches, proxyctl, resume
 from polar.rollout import turn_states
 from polar.rollout.reporter import Reporter
 from polar.rollout.sandbox import control, registry
@@ -83,6 +83,7 @@ class Runner:
         self.slots = None  # polar-rollout serve: the sample slots every run it serves shares (schedule.Plan)
         self.envs: dict | None = None  # task id → TaskEnv; None when every task runs in the host view
         self.runtime = None  # the sandbox runtime, when a task runs in an image
+        self.overlay = False  # image tasks' working directories are overlays (rollout/overlay.py), else copies
         self.turn_states = None  # turn_states.TurnStates under --turn-states async|hold
         # A new run refused before its first sample leaves --out as it found it (absent, or empty): _claimed once
         # RUN was found absent or empty (not a --resume), _sampling once the first sample may have started.
@@ -185,6 +186,10 @@ class Runner:
         self._claimed = not o.resume
         self._lock()
         removed, killed = control.sweep_stale_controls()
+        swept = overlay.sweep(own_run=self.run_dir)
+        if swept:
+            self.report.note(f"unmounted {len(swept)} sample working director(ies) a run left mounted when it ended "
+                             f"without its teardown")
         if removed:
             self.report.note(f"removed {removed} sandbox control dir(s) of dead runs"
                              + (f", killed {killed} process(es) their agents left" if killed else ""))
@@ -265,10 +270,19 @@ class Runner:
                                  f"another --out")
         if any(env.image_mode and not env.error for env in self.envs.values()):
             self.runtime = self._build_runtime()
+            self.overlay = self._overlay_views()
         self.run_doc["environments"] = {tid: env.describe() for tid, env in self.envs.items()}
         self.run_doc["image_map"] = [f"{e.ref.canonical()}={e.local}" for e in image_map.entries]
         self.run_doc["runtime"] = {"root": str(self.runtime.root), "key": self.runtime.key} if self.runtime else None
         self._save_run_doc()
+
+    def _overlay_views(self) -> bool:
+        """Whether image tasks' working directories can be overlays here; the copies they are otherwise, said once."""
+        why = overlay.why_no_overlay(str(self.run_dir / ".work"))
+        if why:
+            self.report.note(f"the image tasks' working directories are copies of the image's WORKDIR, not overlays "
+                             f"({why}): a large WORKDIR costs seconds a sample")
+        return why is None
 
     def _build_runtime(self):
         import shutil
@@ -323,7 +337,7 @@ class Runner:
             ca_bundle=p.ca_bundle, flows=p.flows, venv=sys.prefix, npm_dir=str(npm or ""),
             agent_timeout=o.agent_timeout, verify_timeout=o.verify_timeout, warm=o.warm_agents,
             turn_states=o.turn_states or "off", parallel=max(1, o.parallel),
-            connect=o.connect, envs=self.envs, runtime=self.runtime, reward_key=o.reward_key)
+            connect=o.connect, envs=self.envs, runtime=self.runtime, reward_key=o.reward_key, overlay=self.overlay)
 
     # -- preflight ------------------------------------------------------------------------------------------------
     def _preflight(self) -> None:

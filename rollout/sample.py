@@ -11,10 +11,11 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from polar.rollout import flowwatch, turn_states
+from polar.rollout import flowwatch, overlay, turn_states
 from polar.rollout.common import CANCEL, Cancelled, group_of, now, write_json
 from polar.rollout.job import SampleContext, SampleJob, job_paths
 from polar.rollout.ledger import ResultRow
+from polar.rollout.sandbox import registry, view
 from polar.rollout.sandbox.base import SandboxError
 from polar.rollout.sandbox.run import run_sandboxed
 from polar.rollout.specs import agent_spec, task_env
@@ -47,11 +48,18 @@ def start_state(ctx: SampleContext, job: SampleJob) -> Path | None:
 
 
 def _fresh_dirs(ctx: SampleContext, job: SampleJob, work: Path) -> tuple[Path, Path]:
-    """(app, home) of a new attempt: a fresh copy of the start state, and a HOME holding the proxy's CA files."""
+    """(app, home) of a new attempt: a fresh view of the start state — an overlay over an image's WORKDIR files
+    when the run can mount one (rollout/overlay.py), else a copy — and a HOME holding the proxy's CA files."""
     if work.exists():
-        shutil.rmtree(work, ignore_errors=True)
+        overlay.remove_work(work)
     app, home = work / "app", work / "home"
-    _copy_tree(start_state(ctx, job), app)
+    start = start_state(ctx, job)
+    tenv = None if job.canary else task_env(ctx, job)
+    if ctx.overlay and start is not None and tenv is not None and tenv.image_mode and start.is_dir():
+        overlay.own_tree(start, view.owner(registry.get(ctx.sandbox)))  # the image's export, never the task's files
+        overlay.mount_view([start], work)
+    else:
+        _copy_tree(start, app)
     (home / ".polar").mkdir(parents=True)
     shutil.copyfile(ctx.ca_pem, home / ".polar" / "ca.pem")
     shutil.copyfile(ctx.ca_bundle, home / ".polar" / "ca-bundle.pem")
@@ -100,6 +108,7 @@ class _Attempt:
                 return
         _check_cancel()
         app, home = _fresh_dirs(ctx, job, self.work)
+        self.detail["workdir_view"] = "overlay" if overlay.is_view(app) else "copy"
         self.states = turn_states.register(ctx, job, self.session, app, self.work)
         spec, (argv, env, mounts, _) = agent_spec(ctx, job, self.session, app, home,
                                                   CANARY_INSTRUCTION if job.canary else job.task.instruction)
@@ -162,7 +171,7 @@ class _Attempt:
         if CANCEL.is_set() and self.result["status"] in (None, "infra_error"):  # a sandbox killed by the cancel
             self.fail("cancelled", "cancelled (Ctrl-C or SIGTERM)")
         turn_states.finish(self.session)  # its snapshots go, scored or not
-        shutil.rmtree(self.work, ignore_errors=True)
+        overlay.remove_work(self.work)
         self.lap("teardown")
         self.result["t_end"] = now()
         with contextlib.suppress(OSError):

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from polar.rollout.common import CANCEL, Cancelled, tail
+from polar.rollout import overlay
 from polar.rollout.job import SampleContext, SampleJob
 from polar.rollout.sandbox import base as sb
 from polar.rollout.sandbox import registry
@@ -93,9 +94,13 @@ def _read_key(path: Path, key: str) -> tuple[float | None, Any, str | None]:
 
 def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict, sample_dir: Path, work: Path, app: Path,
                  lap: Callable[[str], None]) -> None:
-    """The verifier on a fresh copy of the final /app; sets status/reward/reward_details (the status table)."""
+    """The verifier on a fresh view of the final /app (an overlay on the agent's overlay, else a copy); sets
+    status/reward/reward_details (the status table)."""
     vapp, vhome = work / "verify-app", work / "verify-home"
-    shutil.copytree(app, vapp, symlinks=True)
+    if overlay.is_view(app):
+        overlay.mount_view([app], work, vapp.name)
+    else:
+        shutil.copytree(app, vapp, symlinks=True)
     vhome.mkdir()
     vdir = sample_dir / "verifier"
     if vdir.exists():

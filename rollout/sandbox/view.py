@@ -95,11 +95,18 @@ def _control_mount(inside: str) -> bool:
     return bool(rest) and rest.split("/")[0] not in CONTROL_OWN
 
 
-def _chown_tree(root: Path, uid: int, gid: int) -> None:
-    os.lchown(root, uid, gid)
+def chown_tree(root: Path, uid: int, gid: int) -> None:
+    """Every entry under `root` owned by uid:gid; one it already is, untouched (through an overlay, a sample's working
+    directory, a chown is a copy-up of the file)."""
+    def own(path) -> None:
+        st = os.lstat(path)
+        if st.st_uid != uid or st.st_gid != gid:
+            os.lchown(path, uid, gid)
+
+    own(root)
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
-            os.lchown(os.path.join(dirpath, name), uid, gid)
+            own(os.path.join(dirpath, name))
 
 
 def _chmod_tree_open(root: Path) -> None:
@@ -125,7 +132,7 @@ def hand_over(spec: SandboxSpec, backend: Sandbox, open_to_all: bool = False) ->
     try:
         for d in [Path(spec.app), Path(spec.home), *(Path(m.host) for m in spec.mounts if m.writable)]:
             if who is not None:
-                _chown_tree(d, *who)
+                chown_tree(d, *who)
             elif open_to_all and os.geteuid() != UID:
                 _chmod_tree_open(d)
     except OSError as e:

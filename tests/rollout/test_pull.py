@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from polar.rollout import overlay
 from polar.rollout.images import environments as envlib
 from polar.rollout.images.refs import parse_image_map
 from polar.rollout.tasks import load_tasks
@@ -100,6 +101,11 @@ def test_1_1_pull_missing_runs_what_only_the_registry_has_and_names_each_refusal
     assert "connection refused" in final["stopped"][2], final["stopped"]
     doc = json.loads((run / "run.json").read_text())
     assert doc["options"]["pull"] == "missing"
+    # the pulled image's WORKDIR is the sample's through an overlay where the runner can mount one (root), and the
+    # verifier read the agent's work through its own overlay on it (the reward above)
+    sample = json.loads((run / "samples" / "image-greeting" / "0" / "0" / "sample.json").read_text())
+    assert sample["workdir_view"] == ("overlay" if overlay.why_no_overlay(str(run / ".work")) is None else "copy")
+    assert not list((run / ".work").iterdir())  # every view unmounted and removed at the sample's teardown
     assert doc["environments"]["image-greeting"]["image_id"] == docker(
         host, "image", "inspect", "-f", "{{.Id}}", only).stdout.strip()
 
