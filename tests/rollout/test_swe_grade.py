@@ -53,7 +53,8 @@ for arg in sys.argv[1:]:
         print("PASSED " + arg)
 print("=" * 20 + " 20 passed in 0.01s " + "=" * 20)
 '''
-MARKER_SCRIPT = "#!/bin/sh\ntouch /testbed/AGENT-CODE-RAN /logs/verifier/AGENT-CODE-RAN 2>/dev/null\nexit 0\n"
+MOUNT = "/traps"  # where the cases are in the container (no such directory on the host)
+MARKER_SCRIPT = f"#!/bin/sh\ntouch {MOUNT}/markers/AGENT-CODE-RAN 2>/dev/null\nexit 0\n"
 
 
 def git(tree: Path, *args: str) -> None:
@@ -134,59 +135,11 @@ TRAPS = {  # agent move -> (reward, graded, the failing tests)
 }
 
 
-def run_verifier(swe_base: dict, tree: Path, out: Path, tests: Path = SWE / TASK / "tests"
-                 ) -> subprocess.CompletedProcess:
-    for path in (tree, out):
-        subprocess.run(["chown", "-R", "1000:1000", str(path)], check=True)
-    return subprocess.run(
-        ["docker", "run", "--rm", "--network", "none", "--user", "1000:1000", "-e", "HOME=/tmp",
-         "-v", f"{tree}:/testbed", "-v", f"{tests}:/tests:ro", "-v", f"{out}:/logs/verifier",
-         swe_base["image"], "bash", "/tests/test.sh"],
-        env={**os.environ, "DOCKER_HOST": swe_base["host"]}, capture_output=True, text=True, timeout=120)
-
-
-@pytest.mark.parametrize("trap", list(TRAPS))
-def test_trap(trap, swe_base, tmp_path):
-    move, reward, graded, fails = TRAPS[trap]
-    tree, out = base_tree(TASK, tmp_path / "testbed"), tmp_path / "verifier"
-    out.mkdir()
-    move(tree, out)
-    proc = run_verifier(swe_base, tree, out)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    doc = json.loads((out / "reward.json").read_text())
-    assert (doc["reward"], doc["graded"], failing(doc)) == (reward, graded, sorted(fails)), proc.stdout
-    assert (out / "reward.txt").read_text() == f"{int(reward)}\n"
-    assert doc["p2p_total"] == len(P2P) and doc["f2p_total"] == len(F2P)
-    assert not (tree / "AGENT-CODE-RAN").exists() and not (out / "AGENT-CODE-RAN").exists()
-    log = (out / "pytest.log").read_text()
-    assert "-p no:cacheprovider" in log and "pytest-8.4.1" in log  # the image's pytest, the task's own config
-
-
-def bundleless_tests(root: Path) -> Path:
-    tests = root / "tests"
-    shutil.copytree(SWE / TASK / "tests", tests, ignore=shutil.ignore_patterns("base.bundle", "__pycache__"))
-    return tests
-
-
-@pytest.mark.parametrize("trap", ["edits_f2p", "commits_on_a_branch", "breaks_p2p"])
-def test_without_a_bundle_the_testbed_objects_are_the_base(trap, swe_base, tmp_path):
-    move, reward, graded, fails = TRAPS[trap]
-    tree, out = base_tree(TASK, tmp_path / "testbed"), tmp_path / "verifier"
-    out.mkdir()
-    move(tree, out)
-    if trap == "edits_f2p":  # and the weakened tests committed, so HEAD holds them
-        git(tree, "commit", "-q", "-am", "Tests that pass")
-    proc = run_verifier(swe_base, tree, out, bundleless_tests(tmp_path))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    doc = json.loads((out / "reward.json").read_text())
-    assert (doc["reward"], doc["graded"], failing(doc)) == (reward, graded, sorted(fails)), proc.stdout
-
-
-def test_a_forged_base_object_is_a_grading_error(swe_base, tmp_path):
-    tree, out = base_tree(TASK, tmp_path / "testbed"), tmp_path / "verifier"
-    out.mkdir()
+def forge_base_object(tree: Path, out: Path) -> None:
+    """The testbed's objects all loose (so git reads the forged one), base_commit's tests/test_merge.py rewritten in
+    place with a weakened F2P test: the content no longer hashes to the object's name."""
     objects = tree / ".git" / "objects"
-    for pack in (objects / "pack").glob("*.pack"):  # every object loose, so the forged one is the one git reads
+    for pack in (objects / "pack").glob("*.pack"):
         data = pack.read_bytes()
         pack.unlink()
         pack.with_suffix(".idx").unlink()
@@ -197,7 +150,90 @@ def test_a_forged_base_object_is_a_grading_error(swe_base, tmp_path):
     weak = (tree / "tests" / "test_merge.py").read_bytes() + b"\ndef test_inputs_are_left_unchanged():\n    pass\n"
     loose.chmod(0o644)
     loose.write_bytes(zlib.compress(b"blob %d\0" % len(weak) + weak))
-    proc = run_verifier(swe_base, tree, out, bundleless_tests(tmp_path))
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert f"object {blob}" in proc.stderr and "tampered" in proc.stderr
-    assert sorted(p.name for p in out.iterdir()) == []
+    (out.parent / "forged").write_text(blob)
+
+
+def commits_weakened_tests(tree: Path, out: Path) -> None:
+    edits_f2p(tree, out)
+    git(tree, "commit", "-q", "-am", "Tests that pass")  # HEAD holds them
+
+
+# case -> (the agent's move, whether tests/ holds the bundle)
+CASES = {**{trap: (move, True) for trap, (move, *_) in TRAPS.items()},
+         "no-bundle:edits_f2p": (commits_weakened_tests, False),
+         "no-bundle:commits_on_a_branch": (commits_on_a_branch, False),
+         "no-bundle:breaks_p2p": (breaks_p2p, False),
+         "no-bundle:forged_object": (forge_base_object, False)}
+# every case graded in one container: `bash TESTS/test.sh --testbed … --tests TESTS --out …`, as the verifier runs it
+GRADE_ALL = f"""for case in {MOUNT}/cases/*/; do
+    case=${{case%/}}
+    tests={MOUNT}/tests; [ -f "$case/no-bundle" ] && tests={MOUNT}/tests-no-bundle
+    bash "$tests/test.sh" --testbed "$case/testbed" --tests "$tests" --out "$case/verifier" \
+        >"$case/stdout" 2>"$case/stderr"
+    echo $? >"$case/rc"
+done"""
+
+
+@pytest.fixture(scope="module")
+def verdicts(swe_base, tmp_path_factory) -> dict[str, dict]:
+    """Every case's testbed prepared on the host, then graded in one container of the SWE base (--network none,
+    uid 1000, the tests read-only): {case: rc, stdout, stderr, reward (reward.json or None), files (in
+    /logs/verifier), root}."""
+    root = tmp_path_factory.mktemp("swe-traps")
+    shutil.copytree(SWE / TASK / "tests", root / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(SWE / TASK / "tests", root / "tests-no-bundle", ignore=shutil.ignore_patterns("base.bundle",
+                                                                                                  "__pycache__"))
+    for n, (case, (move, bundle)) in enumerate(CASES.items()):
+        where = root / "cases" / f"{n:02d}"
+        (where / "verifier").mkdir(parents=True)
+        (where / "case").write_text(case)
+        if not bundle:
+            (where / "no-bundle").write_text("")
+        move(base_tree(TASK, where / "testbed"), where / "verifier")
+    (root / "markers").mkdir()
+    subprocess.run(["chown", "-R", "1000:1000", str(root)], check=True)
+    proc = subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", "--user", "1000:1000", "-e", "HOME=/tmp",
+         "-v", f"{root / 'cases'}:{MOUNT}/cases", "-v", f"{root / 'markers'}:{MOUNT}/markers", "-v", f"{root / 'tests'}:{MOUNT}/tests:ro",
+         "-v", f"{root / 'tests-no-bundle'}:{MOUNT}/tests-no-bundle:ro", swe_base["image"], "bash", "-c", GRADE_ALL],
+        env={**os.environ, "DOCKER_HOST": swe_base["host"]}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = {}
+    for where in sorted((root / "cases").iterdir()):
+        reward = where / "verifier" / "reward.json"
+        out[(where / "case").read_text()] = {
+            "rc": int((where / "rc").read_text()), "stdout": (where / "stdout").read_text(),
+            "stderr": (where / "stderr").read_text(), "reward": json.loads(reward.read_text()) if reward.is_file()
+            else None, "files": sorted(p.name for p in (where / "verifier").iterdir()), "root": root, "dir": where}
+    return out
+
+
+@pytest.mark.parametrize("trap", list(TRAPS))
+def test_trap(trap, verdicts):
+    _, reward, graded, fails = TRAPS[trap]
+    got = verdicts[trap]
+    assert got["rc"] == 0, got["stdout"] + got["stderr"]
+    doc = got["reward"]
+    assert (doc["reward"], doc["graded"], failing(doc)) == (reward, graded, sorted(fails)), got["stdout"]
+    assert (got["dir"] / "verifier" / "reward.txt").read_text() == f"{int(reward)}\n"
+    assert doc["p2p_total"] == len(P2P) and doc["f2p_total"] == len(F2P)
+    assert not (got["root"] / "markers" / "AGENT-CODE-RAN").exists()  # no hook, fsmonitor or filter of the agent's ran
+    log = (got["dir"] / "verifier" / "pytest.log").read_text()
+    assert "-p no:cacheprovider" in log and "pytest-8.4.1" in log  # the image's pytest, the task's own config
+
+
+@pytest.mark.parametrize("trap", ["edits_f2p", "commits_on_a_branch", "breaks_p2p"])
+def test_without_a_bundle_the_testbed_objects_are_the_base(trap, verdicts):
+    _, reward, graded, fails = TRAPS[trap]
+    got = verdicts[f"no-bundle:{trap}"]
+    assert got["rc"] == 0, got["stdout"] + got["stderr"]
+    doc = got["reward"]
+    assert (doc["reward"], doc["graded"], failing(doc)) == (reward, graded, sorted(fails)), got["stdout"]
+
+
+def test_a_forged_base_object_is_a_grading_error(verdicts):
+    got = verdicts["no-bundle:forged_object"]
+    blob = (got["dir"] / "forged").read_text()
+    assert got["rc"] == 2, got["stdout"] + got["stderr"]
+    assert f"object {blob}" in got["stderr"] and "tampered" in got["stderr"] and got["stderr"].count("\n") == 1
+    assert got["files"] == []
