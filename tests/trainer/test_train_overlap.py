@@ -96,7 +96,13 @@ def test_5_every_line_is_on_stderr_as_it_happens(overlapped):
 
 
 def test_6_the_rollouts_overlapped_training(overlapped):
-    """Overlap at all: some step trained on samples an older policy drew (staleness 1) — a run whose steps went one
-    after another (rollout only after the previous publication) has staleness 0 everywhere and fails here."""
-    _, lines, _ = overlapped
-    assert max(ln["staleness"]["max"] for ln in lines) == 1, [ln["staleness"] for ln in lines]
+    """Overlap at all: step n+1's rollout was asked of the serve (its request file, RUN/rollout/requests/) before step
+    n's weights were even saved (checkpoints/step-n/config.json, written after verify and the update, before the
+    publication). A run whose steps went one after another asks for step n+1 only after step n published, and fails
+    here. Whether a call of step n+1 then reaches the proxy before step n's publication holds it (staleness 1, which
+    test_2 checks when it happens) is a race of this machine's speeds: a fast trainer publishes first."""
+    run, lines, _ = overlapped
+    for prev, ln in zip(lines, lines[1:]):
+        asked = (run / "rollout" / "requests" / f"step-{ln['step']:04d}.json").stat().st_mtime
+        saved = (run / "checkpoints" / f"step-{prev['step']:04d}" / "config.json").stat().st_mtime
+        assert prev["published"] and asked < saved, (ln["step"], asked, saved)
