@@ -18,7 +18,7 @@ from typing import NamedTuple
 from polar.records import protocols
 from polar.rollout import clis as agentlib
 from polar.rollout.common import proxy_url
-from polar.rollout.images.runtime import INSIDE as RUNTIME_INSIDE, site_packages_of
+from polar.rollout.images.runtime import INSIDE as RUNTIME_INSIDE, RuntimeBuildError, native_launcher, site_packages_of
 from polar.rollout.job import SampleContext, SampleJob
 from polar.rollout.sandbox import base as sb
 from polar.rollout.sandbox import registry
@@ -179,8 +179,13 @@ def image_agent_command(ctx: SampleContext, job: SampleJob, session: str, home: 
     env["POLAR_NPM_DIR"] = IMAGE_NPM
     args = agentlib.cli_args(ctx.agent.harness, instruction, provider=ctx.agent.provider, model=ctx.model)
     argv, env = agentlib.build(args, env, proxy, ca_pem, bundle, session)
-    # node runs the CLI's script itself: its `#!/usr/bin/env node` would look for a node in the image
-    return AgentLaunch([rt.node, IMAGE_NPM + script[len(npm):], *argv], connect_by(ctx, env), tuple(mounts))
+    # node runs the CLI's script itself: its `#!/usr/bin/env node` would look for a node in the image; a CLI that
+    # npm installs as a native executable runs on the runtime's loader and libraries instead
+    try:
+        launcher = native_launcher(rt, Path(script)) or [rt.node]
+    except RuntimeBuildError as exc:
+        raise sb.SandboxError(str(exc)) from None
+    return AgentLaunch([*launcher, IMAGE_NPM + script[len(npm):], *argv], connect_by(ctx, env), tuple(mounts))
 
 
 def connect_by(ctx: SampleContext, env: dict[str, str]) -> dict[str, str]:

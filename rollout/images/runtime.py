@@ -33,6 +33,7 @@ wheel NEEDs, that is not in `lib/` and whose ELF has DT_RUNPATH is looked up in 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -101,6 +102,35 @@ def build_runtime(cache: Path, *, python: Path, node: Path | None) -> Runtime:
         _build(cache, root, version, plan, patchelf)
     _write_stamp(stamp_file, {"key": key, "version": version, "inputs": inputs})
     return _runtime(cache, key, version, "node" in exes)
+
+
+def native_launcher(rt: Runtime, exe: Path) -> list[str] | None:
+    """How a sandbox runs a host ELF executable it is given read-only (a CLI that npm installs as a native binary,
+    e.g. Claude Code's bin/claude.exe): through the runtime's loader with the runtime's libraries
+    (`INSIDE/lib/<ld> --library-path INSIDE/lib`), so that the image's loader and libc are not needed — the same rule
+    as node and python. None when `exe` is not a dynamically linked ELF executable (a script: node runs it).
+    RuntimeBuildError, one line, when the runtime lacks its loader or a library it needs."""
+    found = _native_launcher(str(rt.root), str(exe), os.stat(exe).st_mtime_ns)
+    if isinstance(found, str):
+        raise RuntimeBuildError(found)
+    return list(found) if found else None
+
+
+@functools.lru_cache(maxsize=64)
+def _native_launcher(root: str, exe: str, _mtime_ns: int) -> tuple[str, ...] | str | None:
+    """native_launcher's answer once per runtime and executable version (ldd runs once): the argv prefix, None, or
+    the error's line."""
+    interp = _elf_interp(Path(exe))
+    if not interp:
+        return None
+    loader = os.path.basename(interp)
+    have = set(os.listdir(Path(root) / "lib"))
+    libs, missing = _closure([Path(exe)])
+    lacking = sorted(({loader} | set(libs) | set(missing.values())) - have)
+    if lacking:
+        return (f"the sandbox runtime lacks {', '.join(lacking)}, which {os.path.basename(exe)} needs: run that "
+                f"agent outside an image task, or build the runtime with those libraries")
+    return (f"{INSIDE}/lib/{loader}", "--library-path", f"{INSIDE}/lib")
 
 
 def site_packages_of(venv: Path) -> Path:

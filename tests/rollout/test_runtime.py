@@ -369,3 +369,25 @@ def test_a_missing_patchelf_is_refused(tmp_path, monkeypatch):
         rt.build_runtime(tmp_path / "cache", python=PYTHON, node=None)
     _one_line(err, "patchelf", "apt-get install patchelf, or scripts/setup --system")
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_native_cli_runs_on_the_runtimes_loader_and_libraries(tmp_path):
+    """A CLI that npm installs as an ELF executable (Claude Code's bin/claude.exe) runs through the runtime's loader
+    with the runtime's libraries; a script gets None (node runs it); a runtime without a library the executable
+    needs is refused in one line naming it. (tests/rollout/test_swe_agents.py runs Claude Code so in an image.)"""
+    exe = tmp_path / "native-cli"
+    shutil.copyfile("/bin/true", exe)
+    script = tmp_path / "cli.js"
+    script.write_text("#!/usr/bin/env node\n")
+    root = tmp_path / "rt"
+    (root / "lib").mkdir(parents=True)
+    loader = os.path.basename(rt._elf_interp(exe))
+    (root / "lib" / loader).write_bytes(b"")
+    runtime = rt.Runtime(root=root, key="k", python="", node=f"{rt.INSIDE}/bin/node", venv_python="", site_packages="")
+    with pytest.raises(rt.RuntimeBuildError, match=r"lacks libc\.so\.6, which native-cli needs"):
+        rt.native_launcher(runtime, exe)
+    (root / "lib" / "libc.so.6").write_bytes(b"")
+    exe.touch()  # a new version of the executable is looked at again
+    os.utime(exe, ns=(time.time_ns(), time.time_ns() + 1))
+    assert rt.native_launcher(runtime, exe) == [f"{rt.INSIDE}/lib/{loader}", "--library-path", f"{rt.INSIDE}/lib"]
+    assert rt.native_launcher(runtime, script) is None
