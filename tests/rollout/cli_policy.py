@@ -67,9 +67,10 @@ def _tool_names(body: dict) -> set[str]:
 
 
 class CliPolicy:
-    def __init__(self, harness: str, solves: frozenset[int] = SOLVES):
+    def __init__(self, harness: str, solves: frozenset[int] = SOLVES, tasks: dict[str, tuple[str, str]] | None = None):
         self.harness = harness
         self.solves = solves
+        self.tasks = TASKS if tasks is None else tasks  # task → (a text only its instruction holds, its solving command)
         self.lock = threading.Lock()
         self.seen: dict[str, list[str]] = {}  # task → its main turns' kinds (probe, solve:K, noop:K, final)
         self.canary = 0
@@ -85,7 +86,7 @@ class CliPolicy:
         users = "\n".join(_text(m.get("content")) for m in body.get("messages") or [] if m.get("role") == "user")
         if CANARY_MARK in users:
             return "preflight"
-        hits = [task for task, (mark, _) in TASKS.items() if mark in users]
+        hits = [task for task, (mark, _) in self.tasks.items() if mark in users]
         return hits[0] if len(hits) == 1 else None
 
     def decide(self, body: dict) -> tuple[str, Reply | None]:
@@ -103,7 +104,7 @@ class CliPolicy:
         if len(results) == 1:
             found = SAMPLE_RE.findall(results[0])
             if found and int(found[-1]) in self.solves:
-                return f"solve:{found[-1]}", self._call(TASKS[task][1])
+                return f"solve:{found[-1]}", self._call(self.tasks[task][1])
             return f"noop:{found[-1] if found else '?'}", self._call(NOOP_COMMAND)
         return "final", Reply(text=FINAL_TEXT)
 
