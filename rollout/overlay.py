@@ -24,6 +24,7 @@ import functools
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 
 from polar.rollout.sandbox.view import chown_tree
@@ -89,11 +90,22 @@ def mount_view(lowers: list[Path], work: Path, name: str = "app") -> Path:
     return merged
 
 
+_owned: set[tuple[str, tuple[int, int]]] = set()  # start states handed over by this process (own_tree)
+_owned_lock = threading.Lock()
+
+
 def own_tree(root: Path, owner: tuple[int, int] | None) -> None:
-    """The start state handed to the sandbox's uid once, on the host (the entries it does not own yet): through an
-    overlay a chown is a copy-up, so the lower layer must already be the agent's."""
-    if owner is not None:
+    """The start state handed to the sandbox's uid, on the host, once per process (the runner's samples share it;
+    nothing else writes it): through an overlay a chown is a copy-up, so the lower layer must already be the
+    agent's, and each sample's view is then the agent's below its root (SandboxSpec.app_owned)."""
+    if owner is None:
+        return
+    key = (str(root), owner)
+    with _owned_lock:
+        if key in _owned:
+            return
         chown_tree(root, *owner)
+        _owned.add(key)
 
 
 def is_view(path: Path) -> bool:

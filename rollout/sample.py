@@ -5,6 +5,7 @@ table in rollout/ledger.py). `run_sample` never raises: whatever happens becomes
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import time
 import traceback
@@ -112,6 +113,8 @@ class _Attempt:
         self.states = turn_states.register(ctx, job, self.session, app, self.work)
         spec, (argv, env, mounts, _) = agent_spec(ctx, job, self.session, app, home,
                                                   CANARY_INSTRUCTION if job.canary else job.task.instruction)
+        if self.detail["workdir_view"] == "overlay":  # over a start state handed over once: only its root to own
+            spec = dataclasses.replace(spec, app_owned=True)
         timeout = _agent_timeout(ctx, job)
         self.detail["agent"] = {"argv": argv, "env": _shown_env(env),
                                 "mounts": [[str(m.host), m.inside, m.writable] for m in mounts], "timeout_s": timeout}

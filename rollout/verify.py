@@ -16,6 +16,7 @@ nothing of the agent's work.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -97,7 +98,8 @@ def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict,
     """The verifier on a fresh view of the final /app (an overlay on the agent's overlay, else a copy); sets
     status/reward/reward_details (the status table)."""
     vapp, vhome = work / "verify-app", work / "verify-home"
-    if overlay.is_view(app):
+    stacked = overlay.is_view(app)
+    if stacked:  # the agent's view is the sandbox uid's throughout (its start state's and the agent's own files)
         overlay.mount_view([app], work, vapp.name)
     else:
         shutil.copytree(app, vapp, symlinks=True)
@@ -112,6 +114,8 @@ def run_verifier(ctx: SampleContext, job: SampleJob, result: dict, detail: dict,
         else:
             os.chmod(vdir, 0o777)
     spec, argv, timeout = verifier_spec(ctx, job, vapp, vhome, vdir)
+    if stacked:
+        spec = dataclasses.replace(spec, app_owned=True)
     lap("setup")
     log = sample_dir / "verifier.log"
     try:

@@ -53,6 +53,9 @@ class SandboxSpec:
     tmp_mb: int | None = None  # the size of /tmp (task.toml storage_mb); None: the tmpfs default
     tripwire: bool = False  # no proxy: the relay answers 403 and counts the attempts (the verifier's)
     control_files: tuple[tuple[str, Path], ...] = ()  # (path under /run/polar, host file) copied into the control dir
+    # `app` is the sandbox uid's already below its root (an overlay over a start state handed over once per run,
+    # rollout/overlay.py): the hand-over changes only the root, instead of walking a repository-sized tree
+    app_owned: bool = False
 
 
 @dataclass(frozen=True)

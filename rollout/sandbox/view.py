@@ -95,15 +95,17 @@ def _control_mount(inside: str) -> bool:
     return bool(rest) and rest.split("/")[0] not in CONTROL_OWN
 
 
-def chown_tree(root: Path, uid: int, gid: int) -> None:
-    """Every entry under `root` owned by uid:gid; one it already is, untouched (through an overlay, a sample's working
-    directory, a chown is a copy-up of the file)."""
+def chown_tree(root: Path, uid: int, gid: int, only_root: bool = False) -> None:
+    """Every entry under `root` owned by uid:gid (`only_root`: the root alone); one it already is, untouched (through
+    an overlay, a sample's working directory, a chown is a copy-up of the file)."""
     def own(path) -> None:
         st = os.lstat(path)
         if st.st_uid != uid or st.st_gid != gid:
             os.lchown(path, uid, gid)
 
     own(root)
+    if only_root:
+        return
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             own(os.path.join(dirpath, name))
@@ -132,7 +134,7 @@ def hand_over(spec: SandboxSpec, backend: Sandbox, open_to_all: bool = False) ->
     try:
         for d in [Path(spec.app), Path(spec.home), *(Path(m.host) for m in spec.mounts if m.writable)]:
             if who is not None:
-                chown_tree(d, *who)
+                chown_tree(d, *who, only_root=spec.app_owned and d == Path(spec.app))
             elif open_to_all and os.geteuid() != UID:
                 _chmod_tree_open(d)
     except OSError as e:
