@@ -133,6 +133,9 @@ def _check_turn_states(o: Options, box) -> None:
     if o.engine == "ray":
         raise UsageError(f"--turn-states {o.turn_states} needs --engine local (the snapshots are taken in the runner's "
                          "process)")
+    if o.warm_agents:
+        raise UsageError(f"--turn-states {o.turn_states} snapshots a sample's working directory where it runs, which a "
+                         "warm slot moves into itself: pass --no-warm-agents")
 
 
 def proxy_sets(sets: list[str], sandbox: str) -> list[str]:

@@ -261,7 +261,8 @@ def turn_scores(boundaries: list[str], sample: SampleStates, score, final_app: P
 
 # ------------------------------------------------------------------------------------------------------ the run's
 
-_ACTIVE: TurnStates | None = None  # the run's, while it runs (samples run on the runner's threads: --engine local)
+# the run's (or a serve's, for all its runs) while it runs: samples run on its threads
+_ACTIVE: TurnStates | None = None
 
 
 def open_for_run(run_dir: Path, mode: str) -> tuple[TurnStates, list[str]]:
@@ -284,10 +285,14 @@ def open_for_run(run_dir: Path, mode: str) -> tuple[TurnStates, list[str]]:
 
 
 def close_for_run(states: TurnStates | None) -> None:
+    """The endpoint `open_for_run` started, closed (None: a run that opened none — a serve's run, whose serve owns
+    the endpoint every run shares — closes nothing)."""
     global _ACTIVE
-    if states is not None:
-        states.close()
-    _ACTIVE = None
+    if states is None:
+        return
+    states.close()
+    if _ACTIVE is states:
+        _ACTIVE = None
 
 
 def register(ctx: Any, job: Any, session: str, app: Path, work: Path) -> SampleStates | None:

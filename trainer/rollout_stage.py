@@ -169,13 +169,22 @@ class RolloutService:
 
     def run_args(self) -> list[str]:
         """Each run's polar-rollout arguments: --rollout-opt's, and --warm-agents for a python: agent in bwrap
-        unless --rollout-opt says --[no-]warm-agents (a step's samples then pay no SDK import: rollout/sandbox/warm.py)."""
+        unless --rollout-opt says --[no-]warm-agents or turns --turn-states on (a step's samples then pay no SDK import:
+        rollout/sandbox/warm.py)."""
         args = list(self.each_run)
         said = any(a.split("=", 1)[0] in ("--warm-agents", "--no-warm-agents") for a in args)
         if not said and self.plan.agent.startswith("python:") and self.ready is not None \
-                and self.ready.sandbox == "bwrap":
+                and self.ready.sandbox == "bwrap" and not self.turn_states():
             args.append("--warm-agents")
         return args
+
+    def turn_states(self) -> bool:
+        """Whether the serve snapshots samples at their calls (--rollout-opt=--turn-states=async|hold): its samples
+        then run in sandboxes of their own, not warm slots, which move the working directory away."""
+        serve = split_opts(list(self.plan.rollout_opt))[0]
+        modes = [opt.split("=", 1)[1] if "=" in opt else nxt for opt, nxt in zip(serve, [*serve[1:], ""])
+                 if opt.split("=", 1)[0] == "--turn-states"]
+        return bool(modes) and modes[-1] != "off"
 
     def submit(self, step: int, evaluate: bool = False) -> Started:
         """Ask for step `step`'s rollout (and, with `evaluate`, the held-out tasks' beside it: no update follows

@@ -38,7 +38,8 @@ POLL_S = 0.1
 # polar-rollout flags that configure the serve itself (its proxy, sandbox, slots, preflight), not one of its runs: a
 # client holding a polar-rollout command line (polar-train's --rollout-opt) passes these to `polar-rollout serve`
 # and the rest to each request's `extra_args`. A flag without "=" takes the next argument, except the switches.
-SERVE_FLAGS = ("--sandbox", "--image", "--parallel", "--confdir", "--npm-dir", "--skip-preflight", "--proxy-set")
+SERVE_FLAGS = ("--sandbox", "--image", "--parallel", "--confdir", "--npm-dir", "--skip-preflight", "--proxy-set",
+               "--turn-states")
 SERVE_SWITCHES = ("--skip-preflight",)
 
 _seq = itertools.count(1)

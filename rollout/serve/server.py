@@ -41,7 +41,7 @@ from polar.launch import paths
 from polar.launch import proxy as launch_proxy
 from polar.records.cliargs import OneLineParser
 from polar.rollout import options as rollout_options
-from polar.rollout import proxyctl
+from polar.rollout import proxyctl, turn_states
 from polar.rollout.common import CANCEL, PREFLIGHT, UsageError, lock_dir, now, read_json
 from polar.rollout.job import AgentSpec, SampleContext
 from polar.rollout.options import check_proxy_sets, proxy_sets
@@ -126,8 +126,13 @@ def _request_options(req: sp.RolloutRequest, serve: Serve):
     if args.sandbox not in (None, serve.sandbox):
         raise UsageError(f"--sandbox {args.sandbox}: this serve runs --sandbox {serve.sandbox} (its proxy and "
                          f"preflight are for it); start a serve with --sandbox {args.sandbox}")
+    mode = serve.args.turn_states
+    if args.turn_states not in (None, mode):
+        raise UsageError(f"--turn-states {args.turn_states}: this serve runs --turn-states {mode} (its proxy announces "
+                         f"calls so, or not at all); start a serve with --turn-states {args.turn_states}")
     o = rollout_options.options(args)
     o.sandbox, o.npm_dir, o.confdir, o.progress = serve.sandbox, serve.args.npm_dir, serve.args.confdir, False
+    o.turn_states = mode  # every run of a serve that snapshots has its samples snapshotted
     return o
 
 
@@ -158,6 +163,7 @@ class Serve:
         self.agent = AgentSpec.parse(args.agent) if args.agent else None
         self.slots = threading.BoundedSemaphore(args.parallel)
         self.proxy: proxyctl.Proxy | None = None
+        self.turn_states: turn_states.TurnStates | None = None  # --turn-states async|hold: every run's announcements
         self.preflights: dict[str | None, dict] = {}  # None: the canary call alone (--skip-preflight)
         self.threads: dict[str, threading.Thread] = {}
         self.answered: set[str] = set()
@@ -183,6 +189,9 @@ class Serve:
         if why:
             raise UsageError(f"--sandbox {self.sandbox}: {why}")
         check_proxy_sets(a.proxy_set, self.sandbox)
+        if a.turn_states != "off" and not registry.get(self.sandbox).isolated:
+            raise UsageError(f"--turn-states {a.turn_states} needs a sandbox (--sandbox bwrap or docker): under "
+                             f"--sandbox none the agent's workspace is not the serve's to snapshot")
         task = self._canary_task()
         for sub in (sp.REQUESTS, sp.RESPONSES, sp.LOGS):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
@@ -190,7 +199,11 @@ class Serve:
         for stale in (sp.READY, sp.ENDED, sp.STOP):
             (self.dir / stale).unlink(missing_ok=True)
         self.answered = {p.stem for p in (self.dir / sp.RESPONSES).glob("*.json")}
-        self.proxy = proxyctl.start_proxy(self.dir, a.upstream, proxy_sets(a.proxy_set, self.sandbox), a.confdir)
+        sets = proxy_sets(a.proxy_set, self.sandbox)
+        if a.turn_states != "off":  # one announce endpoint for every run: the proxy is told of it once
+            self.turn_states, announce = turn_states.open_for_run(self.dir, a.turn_states)
+            sets = [*sets, *announce]
+        self.proxy = proxyctl.start_proxy(self.dir, a.upstream, sets, a.confdir)
         proxyctl.check_ready(self.proxy, registry.get(self.sandbox).isolated, None)
         preflight = self._preflight(task)
         p = self.proxy
@@ -330,6 +343,7 @@ class Serve:
             thread.join(max(0.0, deadline - time.monotonic()))
         warm.close_all()
         proxyctl.stop_proxy(self.proxy)
+        turn_states.close_for_run(self.turn_states)
         for pid in launch_proxy.started_pids():  # one started by a start cut short before it was ours
             stop_process_group(pid)
         (self.dir / sp.STOP).unlink(missing_ok=True)
@@ -367,6 +381,10 @@ def parser() -> argparse.ArgumentParser:
                         f"{os.cpu_count()})")
     p.add_argument("--confdir", metavar="DIR", help="the proxy's CA directory (default: as polar-rollout's)")
     p.add_argument("--npm-dir", metavar="DIR", help="the agent CLIs' npm prefix (default: as polar-rollout's)")
+    p.add_argument("--turn-states", choices=turn_states.MODES, default="off",
+                   help="snapshot every run's samples' workspaces at their calls and score them with the tasks' "
+                        "tests/progress.sh, as polar-rollout --turn-states does; a request may not ask another mode "
+                        "(default: off)")
     p.add_argument("--parent-pid", type=int, metavar="PID", help="end when process PID is gone (default: never)")
     return p
 

@@ -105,3 +105,44 @@ def test_4_turn_states_refuse_a_run_without_a_sandbox(tmp_path, upstream):
                    "--upstream", upstream.base_url, "--turn-states", "async")
     assert proc.returncode == 2 and "--turn-states async needs a sandbox" in proc.stderr, explain(proc)
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+
+def test_4_2_turn_states_refuse_warm_slots(tmp_path, upstream):
+    """A warm slot moves the sample's working directory into itself: nothing would be left where the snapshots look."""
+    need_sandbox("bwrap")
+    _task(tmp_path / "tasks", "steps")
+    proc = rollout(str(tmp_path / "tasks"), "--agent", AGENT, "--out", str(tmp_path / "run"), "--sandbox", "bwrap",
+                   "--upstream", upstream.base_url, "--turn-states", "hold", "--warm-agents")
+    assert proc.returncode == 2 and "pass --no-warm-agents" in proc.stderr, explain(proc)
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "run").exists()
+
+def test_5_a_serve_snapshots_every_runs_samples_and_refuses_another_mode(tmp_path, _upstream_server):
+    """polar-rollout serve --turn-states hold (what polar-train's --rollout-opt=--turn-states=hold starts): one
+    announce endpoint for every run it serves — two runs one after the other both get their sessions scored (the
+    first run's end does not close it) —, a request asking another mode is refused in one line, and the serve's end
+    removes its token."""
+    from polar.rollout import serve_protocol as sp
+    from tests.rollout.test_serve import _ended, _ready, _start
+
+    need_sandbox("bwrap")
+    _task(tmp_path / "tasks", "steps")
+    directory = tmp_path / "serve"
+    proc = _start(directory, _upstream_server.base_url, "--sandbox", "bwrap", "--skip-preflight", "--turn-states",
+                  "hold", "--parallel", "2")
+    _ready(directory, proc)
+    try:
+        for n in (1, 2):
+            req = sp.RolloutRequest(out=str(tmp_path / f"run-{n}"), tasks=(str(tmp_path / "tasks"),), agent=AGENT,
+                                    samples=1, run_id=f"served-{n}", process_opt=("--credit=turn",))
+            got = sp.wait(directory, sp.submit(directory, req), 180)
+            assert (got.exit, got.error) == (0, None), Path(got.log).read_text()
+            line = latest(results(tmp_path / f"run-{n}"))[("steps", 0)]
+            assert _scores(line) == [0.0, 0.0, 0.5, 0.5] and line["turn_scores"]["final"] == 1.0, line
+        bad = sp.RolloutRequest(out=str(tmp_path / "run-3"), tasks=(str(tmp_path / "tasks"),), agent=AGENT,
+                                extra_args=("--turn-states", "async"))
+        got = sp.wait(directory, sp.submit(directory, bad), 60)
+        assert got.exit == 2 and "this serve runs --turn-states hold" in got.error, got
+    finally:
+        sp.request_stop(directory)
+        _ended(proc, directory)
+    assert not (directory / "turn-states" / "control-token").exists()

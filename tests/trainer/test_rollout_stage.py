@@ -15,8 +15,8 @@ pytestmark = pytest.mark.unit
 
 def test_serve_flags_go_to_the_serve_and_the_rest_to_each_run():
     serve, each = split_opts(["--sandbox", "bwrap", "--parallel=3", "--skip-preflight", "--agent-timeout=60",
-                              "--no-warm-agents"])
-    assert serve == ["--sandbox", "bwrap", "--parallel=3", "--skip-preflight"]
+                              "--no-warm-agents", "--turn-states", "hold"])
+    assert serve == ["--sandbox", "bwrap", "--parallel=3", "--skip-preflight", "--turn-states", "hold"]
     assert each == ["--agent-timeout=60", "--no-warm-agents"]
 
 
@@ -27,6 +27,10 @@ def test_serve_flags_go_to_the_serve_and_the_rest_to_each_run():
     ("pi", "bwrap", [], False),
     ("python:polar.rollout.sdk_agent:answer", "bwrap", ["--no-warm-agents"], False),
     ("python:polar.rollout.sdk_agent:answer", "bwrap", ["--warm-agents"], True),
+    # a serve snapshotting samples at their calls: samples in sandboxes of their own (a slot moves /app away)
+    ("python:polar.rollout.sdk_agent:steps", "bwrap", ["--turn-states=hold"], False),
+    ("python:polar.rollout.sdk_agent:steps", "bwrap", ["--turn-states", "async"], False),
+    ("python:polar.rollout.sdk_agent:steps", "bwrap", ["--turn-states=off"], True),
 ])
 def test_a_python_agent_in_bwrap_runs_warm_unless_said(tmp_path: Path, agent, sandbox, opts, warm):
     service = RolloutService(SimpleNamespace(rollout_opt=opts, agent=agent), tmp_path, "http://127.0.0.1:1/v1")
