@@ -8,6 +8,11 @@ What the model writes is what the task's verifier scores. Runs inside the sandbo
 `python:polar.rollout.sdk_agent:answer` is the one-turn variant for answer tasks (vowel-share, polar-train's CI task):
 one streamed, unconstrained call, no tools; the reply's text is written to `answer.txt` in the workdir. Every sampled
 token is free text, so even a random policy's samples differ and a group gets a reward spread.
+
+`python:polar.rollout.sdk_agent:steps` is the multi-call variant for families of steps (digit-steps): STEPS calls in
+one conversation (OpenAI Chat or Anthropic Messages, by `POLAR_SDK_PROTOCOL`, else sample k mod 2), reply N written to
+`noteN.txt` before call N+1 — so the working directory at each call is the state the replies before it left, which
+`polar-rollout --turn-states` snapshots and `polar-process --credit turn` credits call by call.
 """
 
 from __future__ import annotations
@@ -200,6 +205,47 @@ def answer(instruction: str, workdir: str, env: dict[str, str]) -> int:
     with open(os.path.join(workdir, ANSWER_FILE), "w", encoding="utf-8") as fh:
         fh.write(text)
     print(f"{protocol}: answer {text[:200]!r}")
+    return 0
+
+
+STEPS = 3
+STEP_PROTOCOLS = ("openai_chat", "anthropic_messages")
+NEXT_STEP = "Next note."
+
+
+def openai_chat_turn(messages: list[dict]) -> str:
+    import openai
+
+    client = openai.OpenAI(api_key="sk-demo-not-a-real-key")
+    reply = client.chat.completions.create(model="gpt-demo", max_tokens=ANSWER_MAX_TOKENS, messages=messages)
+    return reply.choices[0].message.content or ""
+
+
+def anthropic_turn(messages: list[dict]) -> str:
+    import anthropic
+
+    client = anthropic.Anthropic(api_key="sk-demo-not-a-real-key")
+    reply = client.messages.create(model="claude-demo", max_tokens=ANSWER_MAX_TOKENS, messages=messages)
+    return "".join(b.text for b in reply.content if b.type == "text")
+
+
+TURNS = {"openai_chat": openai_chat_turn, "anthropic_messages": anthropic_turn}
+
+
+def steps(instruction: str, workdir: str, env: dict[str, str]) -> int:
+    """polar-rollout's python: agent entry point for families of steps: STEPS calls in one conversation, reply N to
+    noteN.txt before the next call (an empty reply is an empty note: the conversation goes on with it)."""
+    protocol = env.get("POLAR_SDK_PROTOCOL") or STEP_PROTOCOLS[int(env.get("POLAR_SAMPLE") or 0) % len(STEP_PROTOCOLS)]
+    if protocol not in TURNS:
+        raise SystemExit(f"steps: POLAR_SDK_PROTOCOL {protocol} is not one of {', '.join(TURNS)}")
+    messages = [{"role": "user", "content": instruction.strip()}]
+    for n in range(1, STEPS + 1):
+        text = TURNS[protocol](messages)
+        with open(os.path.join(workdir, f"note{n}.txt"), "w", encoding="utf-8") as fh:
+            fh.write(text)
+        print(f"{protocol}: note {n} {text[:120]!r}")
+        # Anthropic refuses an empty assistant turn: a space stands for an empty reply in the history
+        messages += [{"role": "assistant", "content": text or " "}, {"role": "user", "content": NEXT_STEP}]
     return 0
 
 

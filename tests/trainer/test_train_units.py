@@ -165,10 +165,10 @@ def test_prune_keeps_the_newest_and_the_serving_one(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-0004", "step-0005"]
 
 
-@pytest.mark.parametrize("family", ["digit-share", "vowel-share", "upper-share", "letter-share"])
+@pytest.mark.parametrize("family", ["digit-share", "vowel-share", "upper-share", "letter-share", "digit-steps"])
 def test_family_tasks_score_0_empty_and_1_solved(tmp_path, family):
-    """Every generated task: distinct prompts, the empty start state scores 0.0 and the solution 1.0; the tree holds
-    what the generator writes."""
+    """Every generated task: distinct prompts, the empty start state scores 0.0 and the solution 1.0 (and a family of
+    steps' state scorer, tests/progress.sh, the same); the tree holds what the generator writes."""
     fresh = tmp_path / "gen"
     subprocess.run([sys.executable, str(FAMILIES / "generate.py"), "--family", family, "--out", str(fresh)], check=True,
                    capture_output=True)
@@ -185,10 +185,22 @@ def test_family_tasks_score_0_empty_and_1_solved(tmp_path, family):
             app.mkdir(parents=True)
             if solved:
                 subprocess.run(["bash", str(task / "solution" / "solve.sh")], cwd=app, check=True)
-            subprocess.run(["bash", str(task / "tests" / "test.sh")], check=True,
-                           env={"PATH": "/usr/bin:/bin", "POLAR_APP": str(app), "POLAR_LOGS": str(logs)})
-            scores.append(float((logs / "reward.txt").read_text()))
-        assert scores == [0.0, 1.0], task
+            for script in ("test.sh", "progress.sh"):
+                if (task / "tests" / script).is_file():
+                    subprocess.run(["bash", str(task / "tests" / script)], check=True,
+                                   env={"PATH": "/usr/bin:/bin", "POLAR_APP": str(app), "POLAR_LOGS": str(logs)})
+                    scores.append(float((logs / "reward.txt").read_text()))
+        steps = (task / "tests" / "progress.sh").is_file()
+        assert steps == (family == "digit-steps")
+        assert scores == ([0.0, 0.0, 1.0, 1.0] if steps else [0.0, 1.0]), task
+    if family == "digit-steps":  # the state scorer counts each note present: two of three solved notes
+        app, logs = tmp_path / "partial" / "app", tmp_path / "partial" / "logs"
+        app.mkdir(parents=True)
+        for n, text in ((1, "2026 x"), (2, "abc")):  # 4 digits of 5, none of 3, note3 missing
+            (app / f"note{n}.txt").write_text(text)
+        subprocess.run(["bash", str(tasks[0].parent / "tests" / "progress.sh")], check=True,
+                       env={"PATH": "/usr/bin:/bin", "POLAR_APP": str(app), "POLAR_LOGS": str(logs)})
+        assert float((logs / "reward.txt").read_text()) == pytest.approx(0.8 / 3, abs=1e-6)
 
 
 def test_the_learning_knobs_reach_train_json_the_config_and_the_controller(tmp_path):

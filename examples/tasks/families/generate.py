@@ -17,6 +17,12 @@ the thing the answer is about, so a policy has to learn the kind of answer, not 
 - vowel-share: the share of vowels (a e i o u) among the letters and digits.
 - upper-share: the share of upper-case letters among the letters.
 - letter-share: the share of one letter (given in the prompt, one of e t a o n s) among the letters and digits.
+
+One family is made of steps, for per-turn credit (polar-process --credit turn):
+
+- digit-steps: three notes, one per reply (the `steps` agent writes reply N to noteN.txt before its next call), each
+  scored as digit-share scores a file; the reward is their mean (a missing note scores 0). tests/progress.sh scores a
+  working directory the same way at any point, so the state before call N+1 shows what reply N added.
 """
 
 from __future__ import annotations
@@ -53,6 +59,13 @@ FAMILIES = {
         "score": "the share of upper-case letters among the letters",
         "count": "c.isupper()", "among": "c.isascii() and c.isalpha()",
         "solution": "SHOUTING IN CAPITALS",
+    },
+    "digit-steps": {
+        "what": "as many digits (0-9) as you can",
+        "score": "the share of digits among the letters and digits",
+        "count": "c.isdigit()", "among": "c.isascii() and c.isalnum()",
+        "solution": "20260412 31415926 27182818",
+        "steps": 3,
     },
     "letter-share": {
         "what": "the letter `{letter}` as often as you can",
@@ -109,6 +122,46 @@ PY
 mv "$LOGS/reward.txt.tmp" "$LOGS/reward.txt"
 """
 
+STEPS_SH = """#!/usr/bin/env bash
+# {role} of {task} (family {family}, examples/tasks/families/generate.py).
+# The score: {score} of each of note1.txt … note{steps}.txt in /app,
+# averaged over the {steps} notes (a missing note scores 0.0), in /logs/verifier/reward.txt.
+# {why}
+# Paths are /app, /tests and /logs/verifier; POLAR_APP, POLAR_TESTS and POLAR_LOGS override them.
+set -uo pipefail
+APP=${{POLAR_APP:-/app}}
+TESTS=${{POLAR_TESTS:-/tests}}
+LOGS=${{POLAR_LOGS:-/logs/verifier}}
+mkdir -p "$LOGS" && LOGS=$(cd "$LOGS" && pwd) && cd "$APP" || exit 1
+rm -f "$LOGS/reward.txt"
+python3 -P - "$APP" >"$LOGS/reward.txt.tmp" <<'PY' || exit 1
+import os
+import sys
+
+total = 0.0
+for n in range(1, {steps} + 1):
+    path = os.path.join(sys.argv[1], f"note{{n}}.txt")
+    if os.path.isfile(path) and not os.path.islink(path):
+        with open(path, "rb") as f:
+            text = f.read(1 << 20).decode("ascii", errors="ignore")
+        among = [c for c in text if {among}]
+        total += sum(1 for c in among if {count}) / len(among) if among else 0.0
+print(round(total / {steps}, 6))
+PY
+mv "$LOGS/reward.txt.tmp" "$LOGS/reward.txt"
+"""
+
+ROLES = {"tests/test.sh": ("Verifier", "The solution scores 1.0."),
+         "tests/progress.sh": ("State scorer", "Run on the working directory at each call (polar-rollout "
+                                               "--turn-states): the change from one call\n# to the next is what the "
+                                               "reply between them added.")}
+
+SOLVE_STEPS_SH = """#!/usr/bin/env bash
+# Reference solution of {task} (cwd /app).
+set -euo pipefail
+for n in $(seq 1 {steps}); do printf '%s\\n' '{solution}' > "note$n.txt"; done
+"""
+
 SOLVE_SH = """#!/usr/bin/env bash
 # Reference solution of {task} (cwd /app).
 set -euo pipefail
@@ -121,6 +174,9 @@ def instruction(spec: dict, rng: random.Random, letter: str | None) -> str:
     score = spec["score"].format(letter=letter)
     topic = rng.choice(TOPICS)
     style = rng.choice(STYLES)
+    if spec.get("steps"):
+        return (f"{style} {spec['steps']} short notes about {topic}, one per reply (each reply is saved as note1.txt, "
+                f"note2.txt, …), using {what}: the score is {score} of each note, averaged over the notes.\n")
     return (f"{style} {topic} in a file named `answer.txt` in the current directory, using {what}: the score is "
             f"{score} of the files you leave in the current directory.\n")
 
@@ -133,8 +189,15 @@ def write_task(folder: Path, family: str, spec: dict, rng: random.Random, letter
     (folder / "solution").mkdir()
     (folder / "task.toml").write_text(TOML.format(**fill))
     (folder / "instruction.md").write_text(instruction(spec, rng, letter))
-    for rel, text in (("tests/test.sh", TEST_SH), ("solution/solve.sh", SOLVE_SH)):
-        (folder / rel).write_text(text.format(**fill))
+    if spec.get("steps"):
+        fill["steps"] = spec["steps"]
+        scripts = [(rel, STEPS_SH.format(**fill, role=role, why=why)) for rel, (role, why) in ROLES.items()]
+        scripts.append(("solution/solve.sh", SOLVE_STEPS_SH.format(**fill)))
+    else:
+        scripts = [(rel, text.format(**fill)) for rel, text in (("tests/test.sh", TEST_SH),
+                                                                  ("solution/solve.sh", SOLVE_SH))]
+    for rel, text in scripts:
+        (folder / rel).write_text(text)
         (folder / rel).chmod(0o755)
 
 
