@@ -146,3 +146,36 @@ def test_5_a_serve_snapshots_every_runs_samples_and_refuses_another_mode(tmp_pat
         sp.request_stop(directory)
         _ended(proc, directory)
     assert not (directory / "turn-states" / "control-token").exists()
+
+
+STEP_REPLIES = ("1111", "ab", "12ab")  # digit shares 1, 0, ½: the notes' mean after each reply is ⅓, ⅓, ½
+
+
+def _step_policy(body: dict, prompt_ids: list[int]):
+    from tests.support.scripted_upstream import Reply
+
+    done = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+    return Reply(text=STEP_REPLIES[min(done, len(STEP_REPLIES) - 1)]), True
+
+
+def test_6_the_steps_agent_on_digit_steps_is_scored_reply_by_reply(tmp_path, upstream, monkeypatch):
+    """examples/tasks/families/digit-steps with python:polar.rollout.sdk_agent:steps (OpenAI Chat for sample 0,
+    Anthropic Messages for sample 1): three calls in one conversation, reply N saved as noteN.txt before call N+1, so
+    tests/progress.sh at the calls scores 0, ⅓, ⅓ and the final state ½ — the reward."""
+    need_sandbox("bwrap")
+    monkeypatch.setattr(upstream, "_next_reply", _step_policy, raising=False)
+    task = tmp_path / "tasks" / "digit-steps-000"
+    shutil.copytree(HERE.parents[1] / "examples" / "tasks" / "families" / "digit-steps" / "train" / task.name, task)
+    out = tmp_path / "run"
+    proc = rollout(str(task.parent), "--agent", "python:polar.rollout.sdk_agent:steps", "--out", str(out), "--sandbox",
+                   "bwrap", "--upstream", upstream.base_url, "--samples", "2", "--parallel", "2", "--run-id", "steps",
+                   "--turn-states", "hold", "--skip-preflight", "--process-opt=--credit=turn", timeout=300)
+    assert proc.returncode == 0, explain(proc)
+    final = latest(results(out))
+    for k in (0, 1):
+        line = final[(task.name, k)]
+        assert line["status"] == "completed" and line["reward"] == 0.5, line
+        assert len(_calls(out, line["session"])) == 3
+        assert _scores(line) == pytest.approx([0.0, 1 / 3, 1 / 3], abs=1e-6) and line["turn_scores"]["final"] == 0.5
+    report = json.loads((out / "out" / "report.json").read_text())
+    assert report["rewards"]["turn_credit"] == 2
