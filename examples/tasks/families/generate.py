@@ -94,11 +94,8 @@ cpus = 1
 memory_mb = 2048
 """
 
-TEST_SH = """#!/usr/bin/env bash
-# Verifier of {task} (family {family}, examples/tasks/families/generate.py): a graded reward, {score}, over every
-# regular file the agent left in /app, in /logs/verifier/reward.txt. No file or no counted character scores 0.0; the
-# solution 1.0. Paths are /app, /tests and /logs/verifier; POLAR_APP, POLAR_TESTS and POLAR_LOGS override them.
-set -uo pipefail
+# what every scorer runs before its own Python: the paths and a clean reward file (the score is written, then renamed)
+SCORER_HEAD = """set -uo pipefail
 APP=${{POLAR_APP:-/app}}
 TESTS=${{POLAR_TESTS:-/tests}}
 LOGS=${{POLAR_LOGS:-/logs/verifier}}
@@ -107,7 +104,13 @@ rm -f "$LOGS/reward.txt"
 python3 -P - "$APP" >"$LOGS/reward.txt.tmp" <<'PY' || exit 1
 import os
 import sys
+"""
 
+TEST_SH = """#!/usr/bin/env bash
+# Verifier of {task} (family {family}, examples/tasks/families/generate.py): a graded reward, {score}, over every
+# regular file the agent left in /app, in /logs/verifier/reward.txt. No file or no counted character scores 0.0; the
+# solution 1.0. Paths are /app, /tests and /logs/verifier; POLAR_APP, POLAR_TESTS and POLAR_LOGS override them.
+""" + SCORER_HEAD + """
 text = ""
 for dirpath, dirnames, filenames in os.walk(sys.argv[1]):
     dirnames[:] = [d for d in dirnames if d != ".git"]
@@ -128,16 +131,7 @@ STEPS_SH = """#!/usr/bin/env bash
 # averaged over the {steps} notes (a missing note scores 0.0), in /logs/verifier/reward.txt.
 # {why}
 # Paths are /app, /tests and /logs/verifier; POLAR_APP, POLAR_TESTS and POLAR_LOGS override them.
-set -uo pipefail
-APP=${{POLAR_APP:-/app}}
-TESTS=${{POLAR_TESTS:-/tests}}
-LOGS=${{POLAR_LOGS:-/logs/verifier}}
-mkdir -p "$LOGS" && LOGS=$(cd "$LOGS" && pwd) && cd "$APP" || exit 1
-rm -f "$LOGS/reward.txt"
-python3 -P - "$APP" >"$LOGS/reward.txt.tmp" <<'PY' || exit 1
-import os
-import sys
-
+""" + SCORER_HEAD + """
 total = 0.0
 for n in range(1, {steps} + 1):
     path = os.path.join(sys.argv[1], f"note{{n}}.txt")
