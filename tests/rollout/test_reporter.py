@@ -4,7 +4,6 @@ turned back into one. No sockets."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import io
 import sys
@@ -40,8 +39,8 @@ def test_1_2_the_command_lines_reporter_writes_to_the_streams_of_the_moment(caps
 
 
 def _serve(sandbox: str = "bwrap") -> server.Serve:
-    args = argparse.Namespace(dir="/nonexistent/serve", sandbox=sandbox, agent=None, parallel=2, npm_dir="/npm",
-                              confdir="/conf")
+    args = server.parser().parse_args(["/nonexistent/serve", "--sandbox", sandbox, "--parallel", "2", "--npm-dir",
+                                       "/npm", "--confdir", "/conf"])  # every serve option, its defaults as a start's
     return server.Serve(args)
 
 
