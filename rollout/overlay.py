@@ -90,22 +90,36 @@ def mount_view(lowers: list[Path], work: Path, name: str = "app") -> Path:
     return merged
 
 
-_owned: set[tuple[str, tuple[int, int]]] = set()  # start states handed over by this process (own_tree)
+_owned: set[tuple[str, tuple[int, int], bool]] = set()  # trees handed over by this process (own_tree)
 _owned_lock = threading.Lock()
 
 
-def own_tree(root: Path, owner: tuple[int, int] | None) -> None:
-    """The start state handed to the sandbox's uid, on the host, once per process (the runner's samples share it;
+def own_tree(root: Path, owner: tuple[int, int] | None, dirs_only: bool = False) -> None:
+    """A lower layer handed to the sandbox's uid, on the host, once per process (the runner's samples share it;
     nothing else writes it): through an overlay a chown is a copy-up, so the lower layer must already be the
-    agent's, and each sample's view is then the agent's below its root (SandboxSpec.app_owned)."""
+    agent's. A start state is handed over whole, so each sample's view is the agent's below its root
+    (SandboxSpec.app_owned); an image's exported root only its directories (`dirs_only`, rootfs_view)."""
     if owner is None:
         return
-    key = (str(root), owner)
+    key = (str(root), owner, dirs_only)
     with _owned_lock:
         if key in _owned:
             return
-        chown_tree(root, *owner)
+        chown_tree(root, *owner, dirs_only=dirs_only)
         _owned.add(key)
+
+
+ROOT_VIEW = "root"  # <work>/root: a sample's writable view of its image's exported root (bwrap)
+
+
+def rootfs_view(rootfs: Path, work: Path, owner: tuple[int, int] | None) -> Path:
+    """`<work>/root`: the image's exported root under an upper layer of the sample's own, for a sandbox that binds
+    it at / (bwrap). Its directories are handed to the sandbox's uid first (once per process), as a container's are
+    (rollout/sandbox/docker.py): the agent creates, replaces and removes files anywhere in its root — `pip install`
+    into the image's site-packages, a tool in /usr/local/bin — while a file the image's root owns is not written in
+    place. Everything goes with the sample's work directory; the verifier binds the export again, untouched."""
+    own_tree(rootfs, owner, dirs_only=True)
+    return mount_view([rootfs], work, ROOT_VIEW)
 
 
 def is_view(path: Path) -> bool:

@@ -281,7 +281,9 @@ class Runner:
         why = overlay.why_no_overlay(str(self.run_dir / ".work"))
         if why:
             self.report.note(f"the image tasks' working directories are copies of the image's WORKDIR, not overlays "
-                             f"({why}): a large WORKDIR costs seconds a sample")
+                             f"({why}): a large WORKDIR costs seconds a sample"
+                             + ("; the image's root stays read-only for the agent"
+                                if self.box.exports_rootfs else ""))
         return why is None
 
     def _build_runtime(self):

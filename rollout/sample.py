@@ -67,6 +67,22 @@ def _fresh_dirs(ctx: SampleContext, job: SampleJob, work: Path) -> tuple[Path, P
     return app, home
 
 
+def _writable_root(ctx: SampleContext, spec, work: Path):
+    """(spec, how) with the image's root writable for the agent through a layer of the sample's own, discarded after
+    it: docker's container layer (`container`), bwrap's overlay view of the export (`overlay`), or, where the run
+    cannot mount one, read-only as before (`read-only`, said once per run). None: not an image. The verifier's root
+    is the image again: only the working directory carries over."""
+    if not spec.image_mode:
+        return spec, None
+    backend = registry.get(ctx.sandbox)
+    if not backend.exports_rootfs:
+        return dataclasses.replace(spec, root_writable=True), "container"
+    if not ctx.overlay or spec.rootfs is None:
+        return spec, "read-only"
+    root = overlay.rootfs_view(Path(spec.rootfs), work, view.owner(backend))
+    return dataclasses.replace(spec, rootfs=root, root_writable=True), "overlay"
+
+
 def _agent_timeout(ctx: SampleContext, job: SampleJob) -> float:
     if job.canary:
         return min(CANARY_TIMEOUT, ctx.agent_timeout or CANARY_TIMEOUT)
@@ -115,6 +131,9 @@ class _Attempt:
                                                   CANARY_INSTRUCTION if job.canary else job.task.instruction)
         if self.detail["workdir_view"] == "overlay":  # over a start state handed over once: only its root to own
             spec = dataclasses.replace(spec, app_owned=True)
+        spec, root_view = _writable_root(ctx, spec, self.work)
+        if root_view is not None:
+            self.detail["root_view"] = root_view
         timeout = _agent_timeout(ctx, job)
         self.detail["agent"] = {"argv": argv, "env": _shown_env(env),
                                 "mounts": [[str(m.host), m.inside, m.writable] for m in mounts], "timeout_s": timeout}

@@ -46,7 +46,8 @@ class SandboxSpec:
     cpus: float | None = None
     image: str = DEFAULT_IMAGE
     label: str | None = None
-    image_mode: bool = False  # the root is the image's own (docker: `image`; bwrap: `rootfs`), read-only
+    image_mode: bool = False  # the root is the image's own (docker: `image`; bwrap: `rootfs`), read-only but for
+    #                           root_writable
     rootfs: Path | None = None  # an image's exported root filesystem (a backend that `exports_rootfs`)
     workdir: str = "/app"  # where `app` is mounted, the cwd (image mode: the image's WORKDIR)
     wrapper_python: str = SYSTEM_PYTHON  # the interpreter the wrapper runs on (image mode: the runtime's)
@@ -56,6 +57,10 @@ class SandboxSpec:
     # `app` is the sandbox uid's already below its root (an overlay over a start state handed over once per run,
     # rollout/overlay.py): the hand-over changes only the root, instead of walking a repository-sized tree
     app_owned: bool = False
+    # image mode: the root is writable through a layer of this sandbox's own, discarded with it (bwrap: `rootfs` is an
+    # overlay view the runner mounted; docker: the container's layer, over the image with its directories the sandbox
+    # uid's). What is mounted from the host stays read-only.
+    root_writable: bool = False
 
 
 @dataclass(frozen=True)

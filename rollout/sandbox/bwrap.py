@@ -33,9 +33,11 @@ def _wrapper(spec: SandboxSpec, ctl: ControlDir, argv: list[str]) -> list[str]:
 
 
 def bwrap_image_command(spec: SandboxSpec, ctl: ControlDir, argv: list[str]) -> list[str]:
-    """bwrap over the image's exported root: read-only at /, nothing of the host's system."""
+    """bwrap over the image's exported root at / (read-only, or the sample's overlay view of it when
+    `root_writable`), nothing of the host's system."""
     cmd = [shutil.which("bwrap") or "bwrap", *namespaces(), "--die-with-parent", "--new-session",
-           "--clearenv", "--hostname", "polar-sandbox", "--ro-bind", str(spec.rootfs), "/",
+           "--clearenv", "--hostname", "polar-sandbox", "--bind" if spec.root_writable else "--ro-bind",
+           str(spec.rootfs), "/",
            "--proc", "/proc", "--dev", "/dev", *tmpfs_size(spec), "--perms", "1777", "--tmpfs", "/tmp",
            "--ro-bind", str(ctl.dir), CONTROL]
     for m in ordered(spec.mounts):

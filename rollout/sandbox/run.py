@@ -33,7 +33,8 @@ gone, after killing whatever a `none` agent still left (found by SANDBOX_VAR in 
 
 Image mode (`spec.image_mode`, rollout/images/environments.py): the root is an image's own root filesystem, read-only, with
 no host system directory over it — docker runs `spec.image` (`--read-only`), bwrap binds `spec.rootfs` (its export,
-mount points made in it) at /. The sample's working directory is `spec.workdir` (the image's WORKDIR: a per-sample
+mount points made in it) at /. An agent's root is writable through a layer of its own (`spec.root_writable`: docker's
+container layer over `polar-owned:<id>`, bwrap's overlay view that the runner mounted), discarded with it. The sample's working directory is `spec.workdir` (the image's WORKDIR: a per-sample
 copy, writable), HOME /home/agent, /tmp a tmpfs (`spec.tmp_mb` sizes it). What we run inside comes from one
 read-only host prefix mounted at /run/polar/rt (rollout/images/runtime.py): the wrapper runs on its interpreter
 (`spec.wrapper_python`), whatever the image's userland. Mounts may target /run/polar/NAME (a mount point the control

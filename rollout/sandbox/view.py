@@ -95,9 +95,9 @@ def _control_mount(inside: str) -> bool:
     return bool(rest) and rest.split("/")[0] not in CONTROL_OWN
 
 
-def chown_tree(root: Path, uid: int, gid: int, only_root: bool = False) -> None:
-    """Every entry under `root` owned by uid:gid (`only_root`: the root alone); one it already is, untouched (through
-    an overlay, a sample's working directory, a chown is a copy-up of the file)."""
+def chown_tree(root: Path, uid: int, gid: int, only_root: bool = False, dirs_only: bool = False) -> None:
+    """Every entry under `root` owned by uid:gid (`only_root`: the root alone; `dirs_only`: its directories); one it
+    already is, untouched (through an overlay, a sample's working directory, a chown is a copy-up of the file)."""
     def own(path) -> None:
         st = os.lstat(path)
         if st.st_uid != uid or st.st_gid != gid:
@@ -107,7 +107,7 @@ def chown_tree(root: Path, uid: int, gid: int, only_root: bool = False) -> None:
     if only_root:
         return
     for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
+        for name in dirnames if dirs_only else dirnames + filenames:
             own(os.path.join(dirpath, name))
 
 
