@@ -10,7 +10,8 @@ on: a snapshot then races the model's answer and whatever the agent runs in the 
 at once can land in the call's snapshot.
 
 After the sample, `score_turns` scores the snapshots of the session's main-chain calls (processor/main_chain.py) and
-the final state: each in a sandbox like the verifier's, on the start state with the snapshot laid over it, with the
+the final state: each in a sandbox like the verifier's, on the start state with the snapshot laid over it (an overlay
+where the sample's own working directory was one, `state_view`: no copy of the start state; else a copy), with the
 task's tests (copied in only then), running `tests/progress.sh`, which writes a score in [0, 1] where test.sh writes
 its reward (reward.txt or reward.json in /logs/verifier); up to --parallel at once. Any boundary without a snapshot,
 a scorer that exits non-zero, times out or writes no score in [0, 1] gives the whole session `turn_scores: null`
@@ -20,11 +21,13 @@ past it a call is not snapshotted, so its session is not scored).
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import json
 import os
 import secrets
 import shutil
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -97,7 +100,48 @@ def materialize(start: Path | None, snapshot: Path, into: Path) -> None:
         target = into / rel
         if target.is_symlink() or target.is_file():
             target.unlink()
-    shutil.copytree(snapshot / "files", into, symlinks=True, dirs_exist_ok=True)
+    files = snapshot / "files"
+    for dirpath, dirnames, filenames in os.walk(files):
+        for name in [*filenames, *(d for d in dirnames if os.path.islink(os.path.join(dirpath, d)))]:
+            src = Path(dirpath) / name
+            rel = src.relative_to(files)
+            for parent in reversed(rel.parents[:-1]):  # a file of the start state where a directory is now
+                if (into / parent).is_symlink() or (into / parent).is_file():
+                    (into / parent).unlink()
+            dst = into / rel
+            if dst.is_dir() and not dst.is_symlink():  # a directory of the start state where a file is now
+                shutil.rmtree(dst)
+            elif os.path.lexists(dst):
+                dst.unlink()
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            if src.is_symlink():
+                os.symlink(os.readlink(src), dst)
+            else:
+                shutil.copy2(src, dst)
+
+
+def state_view(start: Path, snapshot: Path, work: Path, name: str, owner: tuple[int, int] | None) -> Path:
+    """`<work>/<name>`: the state a snapshot stands for as an overlay — the snapshot's files a layer over the start
+    state, with a whiteout (overlayfs's 0/0 character device) for each deleted file, under a fresh upper layer — for
+    a sample whose own working directory was an overlay (its start state already the sandbox uid's): nothing of the
+    start state is copied. The snapshot's files are handed to `owner` (they are few: what changed)."""
+    from polar.rollout import overlay
+    from polar.rollout.sandbox.view import chown_tree
+
+    layer = snapshot / "files"
+    for rel in json.loads((snapshot / "deleted.json").read_text()):
+        target = layer / rel
+        if os.path.lexists(target):
+            continue  # the snapshot's own entry there hides the start state's
+        parents = [p for p in target.relative_to(layer).parents if str(p) != "."]
+        if any(os.path.lexists(layer / p) and (os.path.islink(layer / p) or not (layer / p).is_dir())
+               for p in parents):
+            continue  # a file of the snapshot's stands where a directory was: it hides the whole directory
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(target, stat.S_IFCHR | 0o600, os.makedev(0, 0))
+    if owner is not None:
+        chown_tree(layer, *owner)
+    return overlay.mount_view([layer, start], work, name)
 
 
 # ------------------------------------------------------------------------------------------------------ the server
@@ -233,30 +277,52 @@ class TurnStates:
 # ------------------------------------------------------------------------------------------------------ scoring
 
 def turn_scores(boundaries: list[str], sample: SampleStates, score, final_app: Path, parallel: int,
-                start: Path | None, work: Path) -> dict | None:
+                start: Path | None, work: Path, owner: tuple[int, int] | None = None) -> dict | None:
     """{"calls": [{"call_id", "score"}...], "final": x} over the main-chain calls `boundaries`, or None when one has
-    no snapshot or a score is missing. `score(app_copy) -> float | None` runs the scorer on one working directory."""
+    no snapshot or a score is missing. `score(state) -> float | None` runs the scorer on one working directory: an
+    overlay view (`state_view`, and the final one stacked on the sample's, as the verifier's) where the sample's own
+    was one, else a copy."""
+    from polar.rollout import overlay
+
     snaps = [sample.calls.get(c, {}).get("path") for c in boundaries]
     if not boundaries or any(p is None for p in snaps):
         return None
+    views = overlay.is_view(final_app) and start is not None and start.is_dir()
     dirs = []
-    for i, snap in enumerate(snaps):
-        target = work / f"turn-{i:04d}"
-        shutil.rmtree(target, ignore_errors=True)
-        materialize(start, Path(snap), target)
-        dirs.append(target)
-    final = work / "turn-final"
-    shutil.rmtree(final, ignore_errors=True)
-    shutil.copytree(final_app, final, symlinks=True)
     try:
+        for i, snap in enumerate(snaps):
+            target = work / f"turn-{i:04d}"
+            _remove_state(target)
+            if views:
+                state_view(start, Path(snap), work, target.name, owner)
+            else:
+                materialize(start, Path(snap), target)
+            dirs.append(target)
+        final = work / "turn-final"
+        _remove_state(final)
+        if views:
+            overlay.mount_view([final_app], work, final.name)
+        else:
+            shutil.copytree(final_app, final, symlinks=True)
+        dirs.append(final)
         with ThreadPoolExecutor(max_workers=max(1, parallel), thread_name_prefix="progress") as pool:
-            scores = list(pool.map(score, [*dirs, final]))
+            scores = list(pool.map(score, dirs))
     finally:
-        for d in [*dirs, final]:
-            shutil.rmtree(d, ignore_errors=True)
+        for d in dirs:
+            _remove_state(d)
     if any(s is None for s in scores):
         return None
     return {"calls": [{"call_id": c, "score": s} for c, s in zip(boundaries, scores[:-1])], "final": scores[-1]}
+
+
+def _remove_state(state: Path) -> None:
+    """A scored state gone: unmounted first when a view, its layers with it."""
+    from polar.rollout import overlay
+
+    if overlay.is_view(state):
+        overlay.unmount(state)
+    shutil.rmtree(state, ignore_errors=True)
+    shutil.rmtree(state.parent / overlay.LAYERS / state.name, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------------ the run's
@@ -319,14 +385,18 @@ def score_sample(ctx: Any, job: Any, sample: SampleStates, records: list[dict], 
     if not scorer.is_file():
         detail["scorer"] = f"the task has no tests/{PROGRESS}"
         return None, detail
+    from polar.rollout.sandbox import registry
+    from polar.rollout.sandbox.view import owner
+
     scores = turn_scores(boundaries, sample, lambda state: run_progress(ctx, job, state, work), app,
-                         max(1, ctx.parallel), start, work)
+                         max(1, ctx.parallel), start, work, owner(registry.get(ctx.sandbox)))
     return scores, detail
 
 
 def run_progress(ctx: Any, job: Any, state: Path, work: Path) -> float | None:
     """tests/progress.sh on one working directory, in a sandbox like the verifier's (the tests copied in only now):
     its score in [0, 1], or None (it exited non-zero, timed out, or wrote no score in [0, 1])."""
+    from polar.rollout import overlay
     from polar.rollout.sandbox import base as sb
     from polar.rollout.sandbox import registry
     from polar.rollout.sandbox.run import run_sandboxed
@@ -344,6 +414,8 @@ def run_progress(ctx: Any, job: Any, state: Path, work: Path) -> float | None:
             else:
                 os.chmod(logs, 0o777)
         spec, argv, timeout = verifier_spec(ctx, job, state, home, logs, script=PROGRESS)
+        if overlay.is_view(state):  # the sandbox uid's below its root already (state_view)
+            spec = dataclasses.replace(spec, app_owned=True)
         out = Path(f"{state}.log")
         res = run_sandboxed(spec, argv, stdout=out, stderr=out.with_suffix(".err"), timeout=timeout)
         if res.timed_out or res.exit_code != 0:

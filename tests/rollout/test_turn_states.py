@@ -54,6 +54,24 @@ def test_1_a_snapshot_holds_the_changes_and_materializes_to_the_state_at_the_cal
     assert os.readlink(out / "link") == "keep.txt"
 
 
+def test_1_2_a_directory_that_became_a_file_and_a_file_that_became_a_directory(tmp_path):
+    start, app = _start(tmp_path)
+    for root in (start, app):
+        (root / "dir-to-file").mkdir()
+        (root / "dir-to-file" / "x.txt").write_text("x\n")
+        (root / "file-to-dir").write_text("f\n")
+    base = ts.tree_stats(app)
+    (app / "dir-to-file" / "x.txt").unlink()
+    (app / "dir-to-file").rmdir()
+    (app / "dir-to-file").write_text("now a file\n")
+    (app / "file-to-dir").unlink()
+    (app / "file-to-dir").mkdir()
+    (app / "file-to-dir" / "y.txt").write_text("y\n")
+    ts.take_snapshot(app, base, tmp_path / "snap")
+    ts.materialize(start, tmp_path / "snap", tmp_path / "out")
+    assert tree(tmp_path / "out") == tree(app)
+
+
 def _post(url: str, body: dict, token: str | None) -> tuple[int, dict]:
     req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
                                  headers={"content-type": "application/json",
@@ -119,3 +137,56 @@ def test_4_scores_per_boundary_and_the_final_state_or_null(tmp_path):
     assert not list((tmp_path / "work").iterdir())  # the materialized states are gone
     assert ts.turn_scores(["c1", "c9"], sample, score, app, 2, start, tmp_path / "work") is None  # no snapshot
     assert ts.turn_scores(["c1"], sample, lambda p: None, app, 2, start, tmp_path / "work") is None  # no score
+
+
+def test_5_a_state_is_an_overlay_view_where_the_samples_working_directory_was_one(tmp_path):
+    """As root: the sample's own working directory an overlay over the start state (rollout/sample.py), each state
+    the snapshot laid over the start state as a layer, deletions as whiteouts — the same tree as the copy, with
+    nothing of the start state copied; every view and layer gone after scoring."""
+    from polar.rollout import overlay
+    from tests.support.need import need
+
+    need(overlay.why_no_overlay(str(tmp_path)))
+    start, _ = _start(tmp_path)
+    (start / "dir-to-file").mkdir()
+    (start / "dir-to-file" / "x.txt").write_text("x\n")
+    (start / "file-to-dir").write_text("f\n")
+    work = tmp_path / "run" / ".work" / "t-0-0"
+    app = overlay.mount_view([start], work)
+    try:
+        states = ts.TurnStates("hold", "t")
+        sample = states.register("s", app, work / "turn-states")
+        (app / "src" / "a.py").write_text("a = 2\n")
+        (app / "new" / "deep").mkdir(parents=True)
+        (app / "new" / "deep" / "b.txt").write_text("b\n")
+        (app / "gone.txt").unlink()
+        os.symlink("keep.txt", app / "link")
+        (app / "dir-to-file" / "x.txt").unlink()
+        (app / "dir-to-file").rmdir()
+        (app / "dir-to-file").write_text("now a file\n")
+        (app / "file-to-dir").unlink()
+        (app / "file-to-dir").mkdir()
+        (app / "file-to-dir" / "y.txt").write_text("y\n")
+        sample.snapshot("c1", 0.0, states.budget)
+        (app / "after.txt").write_text("later\n")  # after the call: in the final state only
+        copy = tmp_path / "copy"
+        ts.materialize(start, Path(sample.calls["c1"]["path"]), copy)
+        seen: dict[str, tuple[bool, dict]] = {}
+
+        def score(state: Path) -> float:
+            seen[state.name] = (overlay.is_view(state), tree(state))
+            (state / "scorer-wrote.txt").write_text("scratch\n")  # the scorer's writes stay in its own layer
+            return 1.0
+
+        got = ts.turn_scores(["c1"], sample, score, app, 1, start, work)
+        assert got == {"calls": [{"call_id": "c1", "score": 1.0}], "final": 1.0}
+        assert seen["turn-0000"] == (True, tree(copy)) and "gone.txt" not in seen["turn-0000"][1]
+        assert seen["turn-0000"][1]["dir-to-file"] == "now a file\n" and "dir-to-file/x.txt" not in seen["turn-0000"][1]
+        assert seen["turn-final"] == (True, {**tree(copy), "after.txt": "later\n"})
+        assert not (app / "scorer-wrote.txt").exists() and (start / "gone.txt").read_text() == "gone\n"
+        assert not (start / "scorer-wrote.txt").exists()
+        assert {p.name for p in work.iterdir()} == {"app", "turn-states", ".overlay"}
+        assert sorted(p.name for p in (work / ".overlay").iterdir()) == ["app"]
+        assert str(work / "turn-0000") not in {m for m, _ in overlay._overlay_mounts()}
+    finally:
+        overlay.remove_work(work)

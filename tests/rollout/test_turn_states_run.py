@@ -179,3 +179,31 @@ def test_6_the_steps_agent_on_digit_steps_is_scored_reply_by_reply(tmp_path, ups
         assert _scores(line) == pytest.approx([0.0, 1 / 3, 1 / 3], abs=1e-6) and line["turn_scores"]["final"] == 0.5
     report = json.loads((out / "out" / "report.json").read_text())
     assert report["rewards"]["turn_credit"] == 2
+
+
+def test_7_an_image_tasks_states_are_overlay_views_scored_in_its_image(tmp_path, images, cache_dir, upstream):
+    """An image task (its WORKDIR from a Dockerfile) in bwrap: where the runner mounts overlays the sample's working
+    directory is one, and so is each state the scorer sees (the snapshot laid over the image's WORKDIR as a layer,
+    rollout/turn_states.state_view) — scored as the host-view task above, every view unmounted after."""
+    from polar.rollout import overlay
+    from tests.rollout.rollout_support import rollout_env
+
+    need_sandbox("bwrap")
+    _task(tmp_path / "tasks", "steps")
+    task = tmp_path / "tasks" / "steps"
+    shutil.rmtree(task / "environment" / "workdir")
+    (task / "environment" / "Dockerfile").write_text(
+        "FROM python:3.12-slim\nWORKDIR /app\nRUN echo 'start state' > /app/README.md\n")
+    out = tmp_path / "run"
+    proc = rollout(str(tmp_path / "tasks"), "--agent", AGENT, "--out", str(out), "--sandbox", "bwrap", "--upstream",
+                   upstream.base_url, "--samples", "1", "--run-id", "ts-image", "--turn-states", "hold",
+                   "--skip-preflight", "--no-process", "--image-map", f"@{images['map']}", "--pull", "never",
+                   "--build-network", "none", timeout=300, env=rollout_env(DOCKER_HOST=images["host"]))
+    assert proc.returncode == 0, explain(proc)
+    line = latest(results(out))[("steps", 0)]
+    assert line["status"] == "completed" and line["reward"] == 1.0, line
+    assert _scores(line) == [0.0, 0.0, 0.5, 0.5] and line["turn_scores"]["final"] == 1.0, line
+    sample = json.loads((out / "samples" / "steps" / "0" / "0" / "sample.json").read_text())
+    assert sample["workdir_view"] == ("overlay" if overlay.why_no_overlay(str(out / ".work")) is None else "copy")
+    assert not list((out / ".work").iterdir()) and not any(
+        point.startswith(str(out)) for point, _ in overlay._overlay_mounts())
