@@ -47,9 +47,10 @@ def ensure_image(image: str = DEFAULT_IMAGE) -> None:
 
 OWNED_REPO = "polar-owned"  # an image with its directories the sandbox uid's: `polar-owned:<the image's id>`
 OWNED_LABEL = "org.polar.owned.from"
-# Run by the runtime's python in the image, as the image's root with CAP_CHOWN and CAP_DAC_READ_SEARCH: every
-# directory of the image's own filesystem (not /proc, /sys, /dev or a mount: another st_dev) handed to uid:gid. A
-# directory's chown is a metadata copy-up in the new layer; a file's would copy its data, so files keep their owner.
+# Run by the runtime's python in the image (-I: no PYTHON* variable of the image's reaches it), as the image's root
+# with CAP_CHOWN and CAP_DAC_READ_SEARCH: every directory of the image's own filesystem (not /proc, /sys, /dev or a
+# mount: another st_dev) handed to uid:gid. A directory's chown is a metadata copy-up in the new layer; a file's
+# would copy its data, so files keep their owner.
 HAND_OVER = """import os, sys
 uid = gid = int(sys.argv[1])
 dev = os.lstat("/").st_dev
@@ -95,7 +96,7 @@ def ensure_owned(spec: SandboxSpec) -> str:
                 "run", "--name", name, "--network", "none", "--user", "0:0", "--cap-drop", "ALL", "--cap-add",
                 "CHOWN", "--cap-add", "DAC_READ_SEARCH", "--security-opt", "no-new-privileges", "--mount",
                 f"type=bind,source={runtime[0].host},target={runtime[0].inside},readonly",
-                "--entrypoint", spec.wrapper_python, spec.image, "-c", HAND_OVER, str(UID)]
+                "--entrypoint", spec.wrapper_python, spec.image, "-I", "-c", HAND_OVER, str(UID)]
             try:
                 done = docker(*run, timeout=600)
                 if done.returncode != 0:
