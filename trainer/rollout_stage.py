@@ -179,12 +179,9 @@ class RolloutService:
         return args
 
     def turn_states(self) -> bool:
-        """Whether the serve snapshots samples at their calls (--rollout-opt=--turn-states=async|hold): its samples
-        then run in sandboxes of their own, not warm slots, which move the working directory away."""
-        serve = split_opts(list(self.plan.rollout_opt))[0]
-        modes = [opt.split("=", 1)[1] if "=" in opt else nxt for opt, nxt in zip(serve, [*serve[1:], ""])
-                 if opt.split("=", 1)[0] == "--turn-states"]
-        return bool(modes) and modes[-1] != "off"
+        """Whether the serve snapshots samples at their calls (its ready.json says, from its --turn-states): its
+        samples then run in sandboxes of their own, not warm slots, which move the working directory away."""
+        return self.ready is not None and (self.ready.turn_states or "off") != "off"
 
     def submit(self, step: int, evaluate: bool = False) -> Started:
         """Ask for step `step`'s rollout (and, with `evaluate`, the held-out tasks' beside it: no update follows

@@ -136,7 +136,8 @@ class RolloutResponse:
 @dataclass(frozen=True)
 class Ready:
     """ready.json: the serve's process, its proxy (port, pid, the run file with its hold/release endpoints), the
-    flow directory every run's records land in, the sandbox it serves, its sample slots, the preflight that passed."""
+    flow directory every run's records land in, the sandbox it serves, its sample slots, the preflight that passed,
+    and its --turn-states mode (every run it serves snapshots so, or none does)."""
 
     pid: int
     pid_start: int | None
@@ -150,6 +151,7 @@ class Ready:
     slots: int
     preflight: dict
     started: float
+    turn_states: str = "off"
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)
@@ -158,7 +160,9 @@ class Ready:
     def from_json(cls, doc: Any) -> Ready:
         if not isinstance(doc, dict):
             raise ValueError("not a JSON object")
-        return cls(**{f.name: doc.get(f.name) for f in dataclasses.fields(cls)})
+        return cls(**{f.name: doc[f.name] for f in dataclasses.fields(cls) if f.name in doc},
+                   **{f.name: None for f in dataclasses.fields(cls)
+                      if f.name not in doc and f.default is dataclasses.MISSING})
 
 
 def _checked(doc: Any, kinds: dict[str, str], required: tuple[str, ...]) -> dict:

@@ -210,7 +210,8 @@ class Serve:
         sp.write_json_atomic(self.dir / sp.READY, sp.Ready(
             pid=os.getpid(), pid_start=sp.pid_start(os.getpid()), port=p.port, proxy_pid=p.pid,
             proxy_json=str(paths.proxy_run_file(p.run_dir)), flows=p.flows, ca_pem=p.ca_pem, upstream=a.upstream,
-            sandbox=self.sandbox, slots=a.parallel, preflight=preflight, started=now()).to_json())
+            sandbox=self.sandbox, slots=a.parallel, preflight=preflight, started=now(),
+            turn_states=a.turn_states).to_json())
         print(f"polar-rollout serve: ready in {self.dir} (pid {os.getpid()}, proxy port {p.port}, sandbox "
               f"{self.sandbox}, {a.parallel} sample slot(s))", file=sys.stderr)
 

@@ -130,6 +130,7 @@ def test_5_a_serve_snapshots_every_runs_samples_and_refuses_another_mode(tmp_pat
     proc = _start(directory, _upstream_server.base_url, "--sandbox", "bwrap", "--skip-preflight", "--turn-states",
                   "hold", "--parallel", "2")
     _ready(directory, proc)
+    assert sp.Ready.from_json(json.loads((directory / sp.READY).read_text())).turn_states == "hold"
     try:
         for n in (1, 2):
             req = sp.RolloutRequest(out=str(tmp_path / f"run-{n}"), tasks=(str(tmp_path / "tasks"),), agent=AGENT,

@@ -20,21 +20,23 @@ def test_serve_flags_go_to_the_serve_and_the_rest_to_each_run():
     assert each == ["--agent-timeout=60", "--no-warm-agents"]
 
 
-@pytest.mark.parametrize("agent, sandbox, opts, warm", [
-    ("python:polar.rollout.sdk_agent:answer", "bwrap", [], True),
-    ("python:polar.rollout.sdk_agent:answer", "none", ["--sandbox=none"], False),
-    ("python:polar.rollout.sdk_agent:answer", "docker", ["--sandbox=docker"], False),
-    ("pi", "bwrap", [], False),
-    ("python:polar.rollout.sdk_agent:answer", "bwrap", ["--no-warm-agents"], False),
-    ("python:polar.rollout.sdk_agent:answer", "bwrap", ["--warm-agents"], True),
-    # a serve snapshotting samples at their calls: samples in sandboxes of their own (a slot moves /app away)
-    ("python:polar.rollout.sdk_agent:steps", "bwrap", ["--turn-states=hold"], False),
-    ("python:polar.rollout.sdk_agent:steps", "bwrap", ["--turn-states", "async"], False),
-    ("python:polar.rollout.sdk_agent:steps", "bwrap", ["--turn-states=off"], True),
+@pytest.mark.parametrize("agent, sandbox, opts, turn_states, warm", [
+    ("python:polar.rollout.sdk_agent:answer", "bwrap", [], "off", True),
+    ("python:polar.rollout.sdk_agent:answer", "none", ["--sandbox=none"], "off", False),
+    ("python:polar.rollout.sdk_agent:answer", "docker", ["--sandbox=docker"], "off", False),
+    ("pi", "bwrap", [], "off", False),
+    ("python:polar.rollout.sdk_agent:answer", "bwrap", ["--no-warm-agents"], "off", False),
+    ("python:polar.rollout.sdk_agent:answer", "bwrap", ["--warm-agents"], "off", True),
+    # a serve snapshotting samples at their calls (its ready.json says): samples in sandboxes of their own (a slot
+    # moves /app away); a ready.json from before the field: off
+    ("python:polar.rollout.sdk_agent:steps", "bwrap", ["--turn-states=hold"], "hold", False),
+    ("python:polar.rollout.sdk_agent:steps", "bwrap", ["--turn-states", "async"], "async", False),
+    ("python:polar.rollout.sdk_agent:steps", "bwrap", ["--turn-states=off"], "off", True),
+    ("python:polar.rollout.sdk_agent:steps", "bwrap", [], None, True),
 ])
-def test_a_python_agent_in_bwrap_runs_warm_unless_said(tmp_path: Path, agent, sandbox, opts, warm):
+def test_a_python_agent_in_bwrap_runs_warm_unless_said(tmp_path: Path, agent, sandbox, opts, turn_states, warm):
     service = RolloutService(SimpleNamespace(rollout_opt=opts, agent=agent), tmp_path, "http://127.0.0.1:1/v1")
-    service.ready = SimpleNamespace(sandbox=sandbox)
+    service.ready = SimpleNamespace(sandbox=sandbox, turn_states=turn_states)
     args = service.run_args()
     assert args.count("--warm-agents") == (1 if warm else 0), args
     assert ("--no-warm-agents" in args) == ("--no-warm-agents" in opts)
