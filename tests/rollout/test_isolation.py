@@ -79,13 +79,20 @@ WRITE_TARGETS = [f"{agentcmd.IN_VENV}/probe-write", f"{agentcmd.IN_VENV}/pyvenv.
                  f"{agentcmd.IN_LIB}/polar/rollout/pyagent.py", f"{agentcmd.IN_LIB}/probe-write",
                  f"{CONTROL}/probe-write", f"{CONTROL}/relay.py", f"{sys.base_prefix}/probe-write",
                  "/usr/probe-write", "/etc/probe-write", "/etc/passwd", "/probe-write"]
-# In a task's own image: the sandbox runtime, the agent's modules and folder, the control files, the image's system
+# In a task's own image: the sandbox runtime, the agent's modules and folder, the control files — mounted from the
+# host, never writable —, and the image's system: its root is the sample's own layer (rollout/sample.py
+# _writable_root), where a new file lands in the layer and a file the image's root owns is not written in place
+IMAGE_NEW_FILES = ["/usr/probe-write", "/etc/probe-write"]
+# "/" itself stays root's: a docker layer has no entry for "/" (the committed image keeps its owner), and an overlay's
+# root takes its owner from the upper layer's directory, which the runner makes — so a new file at the top is refused
+IMAGE_TOP_FILE = "/probe-write"
+IMAGE_OWNED_FILES = ["/usr/local/bin/python3", "/etc/passwd"]
 IMAGE_WRITE_TARGETS = [f"{RUNTIME}/probe-write", f"{RUNTIME}/bin/python3", f"{RUNTIME}/venv/pyvenv.cfg",
                        f"{RUNTIME}/venv/lib/python3.12/site-packages/probe-write",
                        f"{agentcmd.IMAGE_LIB}/polar/rollout/pyagent.py", f"{agentcmd.IMAGE_LIB}/probe-write",
                        f"{agentcmd.IMAGE_AGENT_DIR}/probeagent.py", f"{agentcmd.IMAGE_AGENT_DIR}/probe-write",
-                       f"{CONTROL}/probe-write", f"{CONTROL}/relay.py", "/usr/local/bin/python3",
-                       "/usr/probe-write", "/etc/probe-write", "/etc/passwd", "/probe-write"]
+                       f"{CONTROL}/probe-write", f"{CONTROL}/relay.py", *IMAGE_OWNED_FILES, *IMAGE_NEW_FILES,
+                       IMAGE_TOP_FILE]
 # The host's own programs, which no task image holds (those this host has)
 HOST_ONLY = ("/usr/bin/bwrap", "/usr/bin/dockerd", "/usr/bin/mmdebstrap", "/usr/bin/patchelf", "/usr/bin/chromium")
 IMAGE_DOCKERFILE = "FROM python:3.12-slim\nWORKDIR /app\nCOPY README.md /app/\n"
@@ -284,8 +291,18 @@ def test_isolation_from_inside_the_sandbox(variant, tmp_path, upstream, listener
         assert visible == {}, f"sample {k} sees host paths: {visible}"
         assert len(res["paths"]) >= 20 and any("/certs/" in p for p in res["paths"])
         assert any(p.endswith("/solution/solve.sh") and "/examples/" in p for p in res["paths"])
-        # nothing shared is writable
-        assert all(why in ("EROFS", "EACCES", "EPERM") for why in res["writes"].values()), res["writes"]
+        # nothing shared is writable; in an image, new files in its root land in the sample's own layer
+        sample = json.loads((run / "samples" / TASK / str(k) / "0" / "sample.json").read_text())
+        own_layer = sample.get("root_view") in ("container", "overlay")
+        assert sample.get("root_view") == (None if "image" not in variant else "container" if "docker" in variant
+                                           else sample.get("root_view")), sample.get("root_view")
+        shared = {t: why for t, why in res["writes"].items()
+                  if not (own_layer and t in (*IMAGE_NEW_FILES, IMAGE_TOP_FILE))}
+        assert all(why in ("EROFS", "EACCES", "EPERM") for why in shared.values()), res["writes"]
+        if own_layer:
+            assert {t: res["writes"][t] for t in IMAGE_NEW_FILES} == dict.fromkeys(IMAGE_NEW_FILES, "ok")
+            assert {t: res["writes"][t] for t in IMAGE_OWNED_FILES} == dict.fromkeys(IMAGE_OWNED_FILES, "EACCES")
+            assert res["writes"][IMAGE_TOP_FILE] == "EACCES", res["writes"]
         assert sorted(res["writes"]) == sorted(cfg["write_targets"])
         # the other sample: its workdir and HOME by host path, while it was running; its mounts; host processes
         assert set(res["other_sample"].values()) == {"ENOENT"}, res["other_sample"]
