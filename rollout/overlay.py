@@ -115,9 +115,9 @@ ROOT_VIEW = "root"  # <work>/root: a sample's writable view of its image's expor
 def rootfs_view(rootfs: Path, work: Path, owner: tuple[int, int] | None) -> Path:
     """`<work>/root`: the image's exported root under an upper layer of the sample's own, for a sandbox that binds
     it at / (bwrap). Its directories are handed to the sandbox's uid first (once per process), as a container's are
-    (rollout/sandbox/docker.py): the agent creates, replaces and removes files in any directory below / — `pip install`
-    into the image's site-packages, a tool in /usr/local/bin — while a file the image's root owns is not written in
-    place. Everything goes with the sample's work directory; the verifier binds the export again, untouched."""
+    (rollout/sandbox/docker.py): the agent creates, replaces and removes files in any directory below / — `pip
+    install` into the image's site-packages, a tool in /usr/local/bin — while a file the image's root owns is not
+    written in place. Everything goes with the sample's work directory; the verifier binds the export again."""
     own_tree(rootfs, owner, dirs_only=True)
     return mount_view([rootfs], work, ROOT_VIEW)
 
